@@ -1,0 +1,68 @@
+"""Exception types raised by ocdbt-py.
+
+Every error the library raises on purpose derives from :class:`OcdbtError`, so callers can
+catch one class.  Errors that describe bad arguments also derive from the matching built-in
+(`ValueError`, `KeyError`, ...) so idiomatic ``except`` clauses keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "OcdbtError",
+    "CorruptionError",
+    "NotFoundError",
+    "UnsupportedError",
+    "ReadOnlyError",
+    "InvalidKeyError",
+    "ConditionFailedError",
+    "StorageError",
+]
+
+
+class OcdbtError(Exception):
+    """Base class of every error raised by ocdbt-py."""
+
+
+class CorruptionError(OcdbtError):
+    """Stored data violates the format: bad magic, length, version, checksum, truncation, ...
+
+    ``path`` names the file (or key) and ``offset`` the byte position where the problem was
+    found, when they are known.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, offset: int | None = None):
+        self.reason = message
+        self.path = path
+        self.offset = offset
+        where = ""
+        if path is not None:
+            where = f" in {path!r}"
+            if offset is not None:
+                where += f" at offset {offset}"
+        elif offset is not None:
+            where = f" at offset {offset}"
+        super().__init__(message + where)
+
+
+class NotFoundError(OcdbtError, FileNotFoundError):
+    """There is no database (or no requested version / item) at the given location."""
+
+
+class UnsupportedError(OcdbtError, NotImplementedError):
+    """The data uses a feature, or the backend lacks a capability, that is not supported."""
+
+
+class ReadOnlyError(OcdbtError, PermissionError):
+    """A write was attempted on a store opened read-only."""
+
+
+class InvalidKeyError(OcdbtError, ValueError):
+    """A key or path is malformed or unsafe (``..``, absolute, NUL, URL scheme, too long)."""
+
+
+class ConditionFailedError(OcdbtError):
+    """A conditional write lost: the key was present, or changed since the given generation."""
+
+
+class StorageError(OcdbtError, OSError):
+    """The underlying storage failed or could not be reached."""

@@ -1,0 +1,180 @@
+"""A :class:`KvStore` over any fsspec filesystem (local, memory, zip, http, s3, gcs, ...)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ocdbt_py.errors import ReadOnlyError, StorageError
+from ocdbt_py.kvstore.base import (
+    ByteRange,
+    KvStore,
+    ReadRequest,
+    check_range,
+    normalize_request,
+)
+from ocdbt_py.kvstore.keys import validate_key, validate_prefix
+
+__all__ = ["FsspecStore"]
+
+#: Protocols that fsspec can only read.
+_READ_ONLY_PROTOCOLS = {"http", "https", "zip", "tar", "github", "reference", "libarchive"}
+
+
+def _is_missing(exc: BaseException) -> bool:
+    if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+        return True
+    # aiohttp / fsspec http raise these for 404s in some versions
+    status = getattr(exc, "status", None) or getattr(exc, "code", None)
+    return status == 404
+
+
+class FsspecStore(KvStore):
+    """Keys are paths below ``root`` on the fsspec filesystem ``fs``.
+
+    Build one with :meth:`from_url`; ``storage_options`` go straight to fsspec.
+    """
+
+    def __init__(self, fs: Any, root: str, *, read_only: bool | None = None):
+        self.fs = fs
+        self.root = root.rstrip("/")
+        protos = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+        if read_only is None:
+            read_only = bool(set(protos) & _READ_ONLY_PROTOCOLS)
+        self.read_only = read_only
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        read_only: bool | None = None,
+    ) -> FsspecStore:
+        """Open the filesystem for ``url`` (any fsspec URL, chained URLs included)."""
+        import fsspec.core
+
+        try:
+            fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        except (ImportError, ValueError) as e:
+            raise StorageError(f"cannot open {url}: {e}") from e
+        return cls(fs, root, read_only=read_only)
+
+    @property
+    def url(self) -> str:
+        try:
+            return str(self.fs.unstrip_protocol(self.root))
+        except Exception:  # pragma: no cover - exotic filesystems
+            return self.root
+
+    def _path(self, key: str) -> str:
+        validate_key(key)
+        return f"{self.root}/{key}" if self.root else key
+
+    def _fail(self, what: str, key: str, exc: BaseException) -> StorageError:
+        return StorageError(f"{what} {self.url}/{key} failed: {type(exc).__name__}: {exc}")
+
+    # -- reading -------------------------------------------------------------------------
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
+        path = self._path(key)
+        check_range(byte_range)
+        try:
+            if byte_range is None:
+                return bytes(self.fs.cat_file(path))
+            start, stop = byte_range
+            if stop is not None and stop <= start:
+                # zero-length read: existence check only
+                return b"" if self.fs.exists(path) and not self.fs.isdir(path) else None
+            if start < 0:
+                size = self.fs.size(path)
+                start = max(size + start, 0)
+            return bytes(self.fs.cat_file(path, start=start, end=stop))
+        except Exception as e:
+            if _is_missing(e):
+                return None
+            raise self._fail("reading", key, e) from e
+
+    def get_many(self, requests: Sequence[ReadRequest]) -> list[bytes | None]:
+        reqs = [normalize_request(r) for r in requests]
+        if len(reqs) <= 1 or not getattr(self.fs, "async_impl", False):
+            return super().get_many(reqs)
+        for _, r in reqs:
+            check_range(r)
+        # Async filesystems fetch concurrently in one event-loop call.
+        simple = [i for i, (_, r) in enumerate(reqs) if r is None or (r[0] >= 0 and r[1] is not None)]
+        out: list[bytes | None] = [None] * len(reqs)
+        if simple:
+            paths = [self._path(reqs[i][0]) for i in simple]
+            starts = [None if reqs[i][1] is None else reqs[i][1][0] for i in simple]  # type: ignore[index]
+            ends = [None if reqs[i][1] is None else reqs[i][1][1] for i in simple]  # type: ignore[index]
+            try:
+                results = self.fs.cat_ranges(paths, starts, ends, on_error="return")
+            except Exception as e:
+                raise self._fail("reading", reqs[simple[0]][0], e) from e
+            for i, res in zip(simple, results):
+                if isinstance(res, BaseException):
+                    if _is_missing(res):
+                        continue
+                    raise self._fail("reading", reqs[i][0], res) from res
+                out[i] = bytes(res)
+        done = set(simple)
+        for i, (k, r) in enumerate(reqs):
+            if i not in done:
+                out[i] = self.get(k, r)
+        return out
+
+    def list(
+        self, prefix: str = "", *, start: str | None = None, stop: str | None = None
+    ) -> Iterator[str]:
+        validate_prefix(prefix)
+        slash = prefix.rfind("/")
+        top = prefix[: slash + 1] if slash >= 0 else ""
+        base = f"{self.root}/{top}".rstrip("/") if (self.root or top) else ""
+        try:
+            found = self.fs.find(base, withdirs=False) if self.fs.exists(base) or not base else []
+        except FileNotFoundError:
+            found = []
+        except Exception as e:
+            raise self._fail("listing", prefix, e) from e
+        root = self.fs._strip_protocol(self.root).rstrip("/") if self.root else ""
+        n = len(root) + 1 if root else 0
+        keys = []
+        pb, lo = prefix.encode(), None if start is None else start.encode()
+        hi = None if stop is None else stop.encode()
+        for p in found:
+            p = self.fs._strip_protocol(p)
+            kb = p[n:].lstrip("/").encode()
+            if not kb.startswith(pb) or (lo is not None and kb < lo) or (hi is not None and kb >= hi):
+                continue
+            keys.append(kb)
+        keys.sort()
+        for kb in keys:
+            yield kb.decode()
+
+    # -- writing -------------------------------------------------------------------------
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyError(f"{self.url} is read-only")
+
+    def set(self, key: str, value: bytes | bytearray | memoryview) -> None:
+        path = self._path(key)
+        self._check_writable()
+        try:
+            parent = path.rsplit("/", 1)[0]
+            if parent != path:
+                self.fs.makedirs(parent, exist_ok=True)
+            self.fs.pipe_file(path, bytes(value))
+        except Exception as e:
+            raise self._fail("writing", key, e) from e
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        self._check_writable()
+        try:
+            self.fs.rm_file(path)
+        except Exception as e:
+            if _is_missing(e):
+                return
+            raise self._fail("deleting", key, e) from e
+
+

@@ -1,0 +1,65 @@
+"""A view of another :class:`KvStore` below a fixed key prefix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request
+from ocdbt_py.kvstore.keys import validate_key, validate_prefix
+
+__all__ = ["PrefixStore"]
+
+
+class PrefixStore(KvStore):
+    """Keys ``k`` of this store are keys ``prefix + k`` of ``base``."""
+
+    def __init__(self, base: KvStore, prefix: str):
+        prefix = prefix.strip("/")
+        if prefix:
+            validate_key(prefix)
+            prefix += "/"
+        self.base = base
+        self.prefix = prefix
+        self.read_only = base.read_only
+
+    @property
+    def url(self) -> str:
+        base = self.base.url.rstrip("/")
+        return f"{base}/{self.prefix}" if self.prefix else self.base.url
+
+    def _k(self, key: str) -> str:
+        validate_key(key)
+        return self.prefix + key
+
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
+        return self.base.get(self._k(key), byte_range)
+
+    def get_many(self, requests: Sequence[ReadRequest]) -> list[bytes | None]:
+        reqs = [normalize_request(r) for r in requests]
+        return self.base.get_many([(self._k(k), r) for k, r in reqs])
+
+    def list(
+        self, prefix: str = "", *, start: str | None = None, stop: str | None = None
+    ) -> Iterator[str]:
+        validate_prefix(prefix)
+        n = len(self.prefix)
+        for key in self.base.list(
+            self.prefix + prefix,
+            start=None if start is None else self.prefix + start,
+            stop=None if stop is None else self.prefix + stop,
+        ):
+            yield key[n:]
+
+    def set(self, key: str, value: bytes | bytearray | memoryview) -> None:
+        self.base.set(self._k(key), value)
+
+    def delete(self, key: str) -> None:
+        self.base.delete(self._k(key))
+
+    def get_with_generation(self, key: str) -> tuple[bytes | None, str | None]:
+        return self.base.get_with_generation(self._k(key))
+
+    def set_if(
+        self, key: str, value: bytes | bytearray | memoryview, *, if_generation: str | None
+    ) -> str:
+        return self.base.set_if(self._k(key), value, if_generation=if_generation)

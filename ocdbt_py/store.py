@@ -1,0 +1,398 @@
+"""The user-facing OCDBT database object and :func:`open`."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Union
+
+from ocdbt_py.btree_read import iterate, lookup, lookup_many
+from ocdbt_py.cache import LruCache
+from ocdbt_py.errors import NotFoundError, ReadOnlyError, UnsupportedError
+from ocdbt_py.format.btree import MAX_KEY_LENGTH
+from ocdbt_py.format.config import MANIFEST_KIND_NUMBERED, Config
+from ocdbt_py.format.data_file_table import IndirectDataReference
+from ocdbt_py.format.manifest import Manifest
+from ocdbt_py.format.version_tree import BtreeGenerationReference
+from ocdbt_py.kvstore import KvStore, open_kvstore
+from ocdbt_py.kvstore.base import ByteRange, ReadRequest, check_range, normalize_request, slice_range
+from ocdbt_py.node_reader import NodeReader
+from ocdbt_py.timeutil import format_nanoseconds, to_nanoseconds
+from ocdbt_py.version_read import all_versions, find_generation, find_time, read_manifest
+
+__all__ = ["open", "OcdbtStore", "VersionInfo", "Entry", "Version"]
+
+#: A version selector: a generation number, an ISO-8601 time string, or a ``datetime``.
+Version = Union[int, str, _dt.datetime]
+KeyLike = Union[bytes, bytearray, memoryview, str]
+
+
+def _key(key: KeyLike) -> bytes:
+    if isinstance(key, str):
+        k = key.encode("utf-8")
+    elif isinstance(key, (bytes, bytearray, memoryview)):
+        k = bytes(key)
+    else:
+        raise TypeError(f"keys are bytes or str, not {type(key).__name__}")
+    if len(k) > MAX_KEY_LENGTH:
+        raise ValueError(f"key of {len(k)} bytes exceeds {MAX_KEY_LENGTH}")
+    return k
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionInfo:
+    """One committed generation of the database."""
+
+    generation: int
+    commit_time_ns: int
+    num_keys: int
+    num_tree_bytes: int
+    num_indirect_value_bytes: int
+    root_height: int
+    root: IndirectDataReference | None
+
+    @property
+    def commit_time(self) -> _dt.datetime:
+        """Commit time as an aware UTC ``datetime`` (microsecond precision)."""
+        return _dt.datetime.fromtimestamp(self.commit_time_ns / 1e9, tz=_dt.timezone.utc)
+
+    @property
+    def commit_time_iso(self) -> str:
+        """Commit time as ISO-8601 with nanoseconds."""
+        return format_nanoseconds(self.commit_time_ns)
+
+    @classmethod
+    def _from(cls, v: BtreeGenerationReference) -> VersionInfo:
+        s = v.statistics
+        return cls(v.generation_number, v.commit_time, s.num_keys, s.num_tree_bytes,
+                   s.num_indirect_value_bytes, v.root_height, v.root)
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """A key with where its value lives: ``location`` is ``None`` for inline values."""
+
+    key: bytes
+    size: int
+    location: IndirectDataReference | None
+
+
+class OcdbtStore:
+    """An OCDBT database opened at one version (the latest unless ``version`` was given).
+
+    Keys are ``bytes`` (``str`` is accepted and encoded as UTF-8).  The manifest is read on
+    open; call :meth:`refresh` to see commits made since.
+    """
+
+    def __init__(
+        self,
+        kv: KvStore,
+        *,
+        version: Version | None = None,
+        cache_bytes: int = 64 << 20,
+    ):
+        self.kvstore = kv
+        self._cache: LruCache[object] = LruCache(cache_bytes)
+        self._version_spec = version
+        self._load()
+
+    def _load(self) -> None:
+        manifest, key = read_manifest(self.kvstore)
+        self._manifest = manifest
+        self._manifest_key = key
+        self._reader = NodeReader(self.kvstore, manifest.config, self._cache)
+        self._selected = self._select(self._version_spec)
+
+    def _select(self, version: Version | None) -> BtreeGenerationReference | None:
+        m = self._manifest
+        if version is None:
+            return m.versions[-1] if m.versions else None
+        if isinstance(version, bool) or not isinstance(version, (int, str, _dt.datetime)):
+            raise TypeError(f"version must be an int, ISO-8601 str or datetime, not {type(version).__name__}")
+        if isinstance(version, int):
+            return find_generation(self._reader, m, version)
+        return find_time(self._reader, m, to_nanoseconds(version))
+
+    # -- metadata ----------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """Where the database lives."""
+        return self.kvstore.url
+
+    @property
+    def config(self) -> Config:
+        """The database configuration from the manifest."""
+        return self._manifest.config
+
+    @property
+    def manifest(self) -> Manifest:
+        """The decoded manifest as last read."""
+        return self._manifest
+
+    @property
+    def generation(self) -> int:
+        """The generation this store reads (0 for a database with no commit)."""
+        return 0 if self._selected is None else self._selected.generation_number
+
+    @property
+    def read_only(self) -> bool:
+        """Always true for now: writing arrives with the writer."""
+        return True
+
+    def refresh(self) -> None:
+        """Re-read the manifest (only meaningful when opened at the latest version)."""
+        self._load()
+
+    def at(self, version: Version) -> OcdbtStore:
+        """A read-only view of another version, sharing this store's node cache."""
+        other = object.__new__(OcdbtStore)
+        other.kvstore = self.kvstore
+        other._cache = self._cache
+        other._version_spec = version
+        other._manifest = self._manifest
+        other._manifest_key = self._manifest_key
+        other._reader = self._reader
+        other._selected = other._select(version)
+        return other
+
+    def versions(self) -> list[VersionInfo]:
+        """Every generation still reachable, oldest first."""
+        return [VersionInfo._from(v) for v in all_versions(self._reader, self._manifest)]
+
+    def info(self) -> dict[str, Any]:
+        """Config, manifest kind and statistics of the selected version, as plain JSON data."""
+        m = self._manifest
+        sel = self._selected
+        return {
+            "url": self.url,
+            "config": m.config.to_json(),
+            "manifest_kind": "numbered" if m.config.manifest_kind == MANIFEST_KIND_NUMBERED else "single",
+            "manifest_key": self._manifest_key,
+            "generation": self.generation,
+            "latest_generation": m.versions[-1].generation_number if m.versions else 0,
+            "commit_time": None if sel is None else format_nanoseconds(sel.commit_time),
+            "num_keys": 0 if sel is None else sel.statistics.num_keys,
+            "num_tree_bytes": 0 if sel is None else sel.statistics.num_tree_bytes,
+            "num_indirect_value_bytes": 0 if sel is None else sel.statistics.num_indirect_value_bytes,
+            "root_height": 0 if sel is None else sel.root_height,
+            "inline_versions": len(m.versions),
+            "version_node_refs": len(m.version_nodes),
+        }
+
+    # -- reading ------------------------------------------------------------------------------
+    def _root(self) -> tuple[IndirectDataReference | None, int]:
+        sel = self._selected
+        if sel is None:
+            return (None, 0)
+        return (sel.root, sel.root_height)
+
+    def _resolve(self, v: bytes | IndirectDataReference | None, rng: ByteRange | None) -> bytes | None:
+        if v is None:
+            return None
+        if isinstance(v, bytes):
+            return slice_range(v, rng)
+        if rng is None:
+            return self._reader.read(v)
+        start, stop = rng
+        if start < 0:
+            start = max(v.length + start, 0)
+            stop = v.length
+        stop = v.length if stop is None else min(stop, v.length)
+        start = min(start, v.length)
+        return self._reader.read_range(v, start, stop)
+
+    def get(self, key: KeyLike, byte_range: ByteRange | None = None) -> bytes | None:
+        """The value of ``key`` (or bytes ``byte_range`` of it), or ``None`` if absent."""
+        check_range(byte_range)
+        return self._resolve(lookup(self._reader, self._root(), _key(key)), byte_range)
+
+    def __getitem__(self, key: KeyLike) -> bytes:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, (bytes, bytearray, memoryview, str)):
+            return False
+        return lookup(self._reader, self._root(), _key(key)) is not None
+
+    def get_many(
+        self, keys: Iterable[KeyLike | tuple[KeyLike, ByteRange | None]]
+    ) -> list[bytes | None]:
+        """Values of many keys (or ``(key, byte_range)`` pairs): one traversal, concurrent reads."""
+        ks: list[bytes] = []
+        rngs: list[ByteRange | None] = []
+        for item in keys:
+            if isinstance(item, tuple):
+                k, r = item
+                check_range(r)
+                ks.append(_key(k))
+                rngs.append(r)
+            else:
+                ks.append(_key(item))
+                rngs.append(None)
+        found = lookup_many(self._reader, self._root(), ks)
+        out: list[bytes | None] = [None] * len(ks)
+        whole: list[int] = []
+        for i, v in enumerate(found):
+            if v is None:
+                continue
+            if isinstance(v, bytes):
+                out[i] = slice_range(v, rngs[i])
+            elif rngs[i] is None:
+                whole.append(i)
+            else:
+                out[i] = self._resolve(v, rngs[i])
+        if whole:
+            datas = self._reader.read_many([found[i] for i in whole])  # type: ignore[misc]
+            for i, d in zip(whole, datas):
+                out[i] = d
+        return out
+
+    def _bounds(self, prefix: KeyLike, start: KeyLike | None, stop: KeyLike | None) -> tuple[bytes, bytes | None]:
+        p = _key(prefix)
+        lo = p
+        hi = _prefix_end(p)
+        if start is not None:
+            lo = max(lo, _key(start))
+        if stop is not None:
+            s = _key(stop)
+            hi = s if hi is None else min(hi, s)
+        return lo, hi
+
+    def list(
+        self, prefix: KeyLike = b"", start: KeyLike | None = None, stop: KeyLike | None = None
+    ) -> Iterator[bytes]:
+        """Keys starting with ``prefix`` within ``[start, stop)``, in byte order."""
+        lo, hi = self._bounds(prefix, start, stop)
+        for k, _ in iterate(self._reader, self._root(), lo, hi):
+            yield k
+
+    def entries(
+        self, prefix: KeyLike = b"", start: KeyLike | None = None, stop: KeyLike | None = None
+    ) -> Iterator[Entry]:
+        """Like :meth:`list`, with each value's size and location (no value is read)."""
+        lo, hi = self._bounds(prefix, start, stop)
+        for k, v in iterate(self._reader, self._root(), lo, hi):
+            if isinstance(v, bytes):
+                yield Entry(k, len(v), None)
+            else:
+                yield Entry(k, v.length, v)
+
+    def items(
+        self, prefix: KeyLike = b"", start: KeyLike | None = None, stop: KeyLike | None = None,
+        *, batch: int = 256,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` pairs in key order; out-of-line values are fetched concurrently."""
+        lo, hi = self._bounds(prefix, start, stop)
+        pending: list[tuple[bytes, bytes | IndirectDataReference]] = []
+        for kv in iterate(self._reader, self._root(), lo, hi):
+            pending.append(kv)
+            if len(pending) >= batch:
+                yield from self._flush(pending)
+                pending = []
+        yield from self._flush(pending)
+
+    def _flush(self, pending: Sequence[tuple[bytes, bytes | IndirectDataReference]]) -> Iterator[tuple[bytes, bytes]]:
+        refs = [v for _, v in pending if isinstance(v, IndirectDataReference)]
+        datas = iter(self._reader.read_many(refs)) if refs else iter(())
+        for k, v in pending:
+            yield k, v if isinstance(v, bytes) else next(datas)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self.list()
+
+    def __len__(self) -> int:
+        sel = self._selected
+        return 0 if sel is None else sel.statistics.num_keys
+
+    def as_kvstore(self) -> KvStore:
+        """This database as a read-only :class:`KvStore` with ``str`` keys (for zarr3 etc.)."""
+        return OcdbtKvStore(self)
+
+    # -- writing (arrives with the writer) --------------------------------------------------------
+    def put(self, key: KeyLike, value: bytes) -> int:
+        """Not available on a read-only store."""
+        raise ReadOnlyError(f"{self.url} is opened read-only")
+
+    def delete(self, key: KeyLike) -> int:
+        """Not available on a read-only store."""
+        raise ReadOnlyError(f"{self.url} is opened read-only")
+
+    def close(self) -> None:
+        """Release the node cache and the underlying store."""
+        self._cache.clear()
+        self.kvstore.close()
+
+    def __enter__(self) -> OcdbtStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<OcdbtStore {self.url} generation={self.generation}>"
+
+
+def _prefix_end(p: bytes) -> bytes | None:
+    """Smallest key greater than every key with prefix ``p`` (None: no bound)."""
+    b = bytearray(p)
+    while b and b[-1] == 0xFF:
+        b.pop()
+    if not b:
+        return None
+    b[-1] += 1
+    return bytes(b)
+
+
+class OcdbtKvStore(KvStore):
+    """Read-only :class:`KvStore` view of an :class:`OcdbtStore` (keys as UTF-8 ``str``)."""
+
+    read_only = True
+
+    def __init__(self, db: OcdbtStore):
+        self.db = db
+
+    @property
+    def url(self) -> str:
+        return f"{self.db.url}|ocdbt:@{self.db.generation}"
+
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
+        return self.db.get(key.encode("utf-8", "surrogateescape"), byte_range)
+
+    def get_many(self, requests: Sequence[ReadRequest]) -> list[bytes | None]:
+        reqs = [normalize_request(r) for r in requests]
+        return self.db.get_many([(k.encode("utf-8", "surrogateescape"), r) for k, r in reqs])
+
+    def list(self, prefix: str = "", *, start: str | None = None, stop: str | None = None) -> Iterator[str]:
+        enc = lambda s: None if s is None else s.encode("utf-8", "surrogateescape")  # noqa: E731
+        for k in self.db.list(prefix.encode("utf-8", "surrogateescape"), enc(start), enc(stop)):
+            yield k.decode("utf-8", "surrogateescape")
+
+
+def open(
+    location: str | os.PathLike[str] | KvStore,
+    *,
+    version: Version | None = None,
+    storage_options: dict[str, Any] | None = None,
+    mode: str = "r",
+    config: dict[str, Any] | None = None,
+    cache_bytes: int = 64 << 20,
+) -> OcdbtStore:
+    """Open the OCDBT database at a local path, any fsspec URL, or a :class:`KvStore`.
+
+    ``version`` selects a generation (int), or the latest commit at or before a time (ISO-8601
+    string or ``datetime``).  Raises :class:`NotFoundError` when there is no database there.
+    """
+    if mode != "r":
+        raise UnsupportedError(f"mode {mode!r}: only read-only access ('r') is implemented so far")
+    if config is not None:
+        raise UnsupportedError("config= applies when creating a database, which needs mode='a'")
+    kv = open_kvstore(location, storage_options, read_only=True)
+    try:
+        return OcdbtStore(kv, version=version, cache_bytes=cache_bytes)
+    except NotFoundError:
+        raise

@@ -1,0 +1,167 @@
+"""Reading manifests and finding generations in the version tree."""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Iterator
+
+from ocdbt_py.errors import CorruptionError, NotFoundError
+from ocdbt_py.format.config import MANIFEST_KIND_NUMBERED
+from ocdbt_py.format.manifest import Manifest, decode_manifest
+from ocdbt_py.format.version_tree import BtreeGenerationReference, VersionNodeReference
+from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.node_reader import NodeReader
+
+__all__ = [
+    "MANIFEST_KEY",
+    "read_manifest",
+    "numbered_manifest_key",
+    "find_generation",
+    "find_time",
+    "all_versions",
+]
+
+MANIFEST_KEY = "manifest.ocdbt"
+_NUMBERED = re.compile(r"^manifest\.([0-9a-f]{16})$")
+_MAX_MANIFEST_FILE = 256 << 20
+
+
+def numbered_manifest_key(generation: int) -> str:
+    """``manifest.<16 hex digits>`` for a numbered manifest."""
+    return f"manifest.{generation:016x}"
+
+
+def list_numbered_manifests(kv: KvStore) -> list[int]:
+    """Generations of the numbered manifest files present, ascending."""
+    gens = []
+    for key in kv.list("manifest.", start="manifest.0", stop="manifest.:"):
+        m = _NUMBERED.match(key)
+        if m:
+            g = int(m.group(1), 16)
+            if g:
+                gens.append(g)
+    return sorted(gens)
+
+
+def read_manifest(kv: KvStore) -> tuple[Manifest, str]:
+    """Read the current manifest; returns it and the key it came from.
+
+    Raises :class:`NotFoundError` when there is no database at ``kv``.
+    """
+    data = kv.get(MANIFEST_KEY)
+    if data is None:
+        raise NotFoundError(f"no OCDBT database at {kv.url} (no {MANIFEST_KEY})")
+    _check_size(kv, MANIFEST_KEY, data)
+    manifest = decode_manifest(data, path=f"{kv.url}/{MANIFEST_KEY}")
+    if manifest.config.manifest_kind != MANIFEST_KIND_NUMBERED:
+        return manifest, MANIFEST_KEY
+    for _attempt in range(8):
+        gens = list_numbered_manifests(kv)
+        if not gens:
+            # config written, no commit yet: an empty database
+            return manifest, MANIFEST_KEY
+        g = gens[-1]
+        key = numbered_manifest_key(g)
+        data = kv.get(key)
+        if data is None:  # pruned or replaced meanwhile: list again
+            continue
+        _check_size(kv, key, data)
+        numbered = decode_manifest(data, path=f"{kv.url}/{key}")
+        if not numbered.versions:
+            raise CorruptionError("numbered manifest file holds no versions", path=f"{kv.url}/{key}")
+        if numbered.latest.generation_number != g:
+            raise CorruptionError(
+                f"numbered manifest's latest generation {numbered.latest.generation_number} does not "
+                f"match its file name",
+                path=f"{kv.url}/{key}",
+            )
+        cfg = numbered.config
+        if (cfg.uuid, cfg.version_tree_arity_log2) != (
+            manifest.config.uuid,
+            manifest.config.version_tree_arity_log2,
+        ):
+            raise CorruptionError("numbered manifest's config differs from manifest.ocdbt", path=f"{kv.url}/{key}")
+        return Manifest(manifest.config, numbered.versions, numbered.version_nodes), key
+    raise CorruptionError(f"numbered manifests of {kv.url} kept vanishing while being read")
+
+
+def _check_size(kv: KvStore, key: str, data: bytes) -> None:
+    if len(data) > _MAX_MANIFEST_FILE:
+        raise CorruptionError(f"manifest of {len(data)} bytes is implausibly large", path=f"{kv.url}/{key}")
+
+
+def _not_found(what: str) -> NotFoundError:
+    return NotFoundError(f"version where {what} is not present")
+
+
+def find_generation(reader: NodeReader, manifest: Manifest, generation: int) -> BtreeGenerationReference:
+    """The generation numbered ``generation``; :class:`NotFoundError` if absent."""
+    versions = manifest.versions
+    if not versions or generation < 1 or generation > versions[-1].generation_number:
+        raise _not_found(f"generation == {generation}")
+    if generation >= versions[0].generation_number:
+        gens = [v.generation_number for v in versions]
+        i = bisect.bisect_left(gens, generation)
+        if i < len(gens) and gens[i] == generation:
+            return versions[i]
+        raise _not_found(f"generation == {generation}")
+    a = manifest.config.version_tree_arity_log2
+    refs: tuple[VersionNodeReference, ...] = manifest.version_nodes
+    for _ in range(64):
+        ref = next((r for r in refs if r.generation_number >= generation), None)
+        if ref is None:
+            raise _not_found(f"generation == {generation}")
+        span = 1 << (a * (ref.height + 1))
+        first = ref.generation_number - ((ref.generation_number - 1) % span)
+        if generation < first:
+            raise _not_found(f"generation == {generation}")
+        node = reader.version_node(ref.location, ref.height, ref.generation_number)
+        if node.height == 0:
+            gens = [v.generation_number for v in node.versions]
+            i = bisect.bisect_left(gens, generation)
+            if i < len(gens) and gens[i] == generation:
+                return node.versions[i]
+            raise _not_found(f"generation == {generation}")
+        refs = node.children
+    raise CorruptionError("version tree too deep")
+
+
+def find_time(reader: NodeReader, manifest: Manifest, ns: int) -> BtreeGenerationReference:
+    """The latest generation whose commit time is at or before ``ns``."""
+    versions = manifest.versions
+    if not versions:
+        raise _not_found(f"commit_time <= {ns}")
+    if ns >= versions[0].commit_time:
+        times = [v.commit_time for v in versions]
+        return versions[bisect.bisect_right(times, ns) - 1]
+    refs: tuple[VersionNodeReference, ...] = manifest.version_nodes
+    for _ in range(64):
+        cand = [r for r in refs if r.commit_time <= ns]
+        if not cand:
+            raise _not_found(f"commit_time <= {ns}")
+        ref = cand[-1]
+        node = reader.version_node(ref.location, ref.height, ref.generation_number)
+        if node.height == 0:
+            times = [v.commit_time for v in node.versions]
+            i = bisect.bisect_right(times, ns) - 1
+            if i < 0:
+                raise _not_found(f"commit_time <= {ns}")
+            return node.versions[i]
+        refs = node.children
+    raise CorruptionError("version tree too deep")
+
+
+def all_versions(reader: NodeReader, manifest: Manifest) -> Iterator[BtreeGenerationReference]:
+    """Every generation reachable from the manifest, oldest first."""
+    for ref in manifest.version_nodes:
+        # iterative DFS, children in order
+        stack: list[VersionNodeReference] = [ref]
+        while stack:
+            r = stack.pop()
+            node = reader.version_node(r.location, r.height, r.generation_number)
+            if node.height == 0:
+                yield from node.versions
+            else:
+                stack.extend(reversed(node.children))
+    yield from manifest.versions
