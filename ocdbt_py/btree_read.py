@@ -95,9 +95,7 @@ def _child_range(node: InteriorNode, prefix: bytes, lo: bytes, hi: bytes | None)
         return range(0)
     else:
         first = max(bisect.bisect_right(keys, lo[plen:]) - 1, 0)
-    if hi is None:
-        last = n
-    elif hi[:plen] > prefix:
+    if hi is None or hi[:plen] > prefix:
         last = n
     elif hi[:plen] < prefix:
         return range(0)

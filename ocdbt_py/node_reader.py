@@ -175,7 +175,9 @@ class NodeReader:
             base=ref.offset,
         )
         if node.height != height:
-            raise CorruptionError(f"version node has height {node.height}, expected {height}", path=key, offset=ref.offset)
+            raise CorruptionError(
+                f"version node has height {node.height}, expected {height}", path=key, offset=ref.offset
+            )
         last = node.versions[-1].generation_number if node.height == 0 else node.children[-1].generation_number
         if last != last_generation:
             raise CorruptionError(

@@ -87,7 +87,9 @@ def decode_envelope(
     payload = view[r.pos : n - 4]
     if compression == 0:
         if len(payload) > max_body:
-            raise CorruptionError(f"{what} body of {len(payload)} bytes exceeds the limit {max_body}", path=path, offset=base)
+            raise CorruptionError(
+                f"{what} body of {len(payload)} bytes exceeds the limit {max_body}", path=path, offset=base
+            )
         return payload
     return decompress_bounded(payload, max_body, path=path, base=base + r.pos)
 

@@ -86,7 +86,7 @@ def decode_version_leaf_entries(
     n = r.varint(what="version count")
     if not 1 <= n <= (1 << arity_log2):
         raise r.error(f"version count {n} outside 1..{1 << arity_log2}", start)
-    if n * 17 > r.remaining():
+    if n * 16 > r.remaining():  # 8 one-byte columns + an 8-byte time per entry
         raise r.error("truncated version entries", start)
     gens = [r.varint(what="generation number") for _ in range(n)]
     heights = [r.byte("root height") for _ in range(n)]
@@ -159,7 +159,8 @@ def decode_version_interior_entries(
                 raise r.error("manifest version node heights not decreasing", hpos)
         if i and gens[i] <= gens[i - 1]:
             raise r.error("version node generations not increasing", start)
-        out.append(VersionNodeReference(gens[i], IndirectDataReference(f, offsets[i], lengths[i]), ngens[i], times[i], heights[i]))
+        loc = IndirectDataReference(f, offsets[i], lengths[i])
+        out.append(VersionNodeReference(gens[i], loc, ngens[i], times[i], heights[i]))
     return tuple(out)
 
 
@@ -231,7 +232,9 @@ def gen_ref_location(v: BtreeGenerationReference) -> IndirectDataReference:
 
 
 def encode_version_leaf_entries(
-    out: bytearray, versions: tuple[BtreeGenerationReference, ...] | list[BtreeGenerationReference], index: dict[DataFileId, int]
+    out: bytearray,
+    versions: tuple[BtreeGenerationReference, ...] | list[BtreeGenerationReference],
+    index: dict[DataFileId, int],
 ) -> None:
     """Append a version leaf entry array."""
     put_varint(out, len(versions))

@@ -9,6 +9,7 @@ default built on them.
 from __future__ import annotations
 
 import abc
+import builtins
 import concurrent.futures
 from collections.abc import Iterator, Sequence
 from typing import Union
@@ -96,6 +97,14 @@ class KvStore(abc.ABC):
         """Whether ``key`` holds a value."""
         return self.get(key, (0, 0)) is not None
 
+    def size(self, key: str) -> int | None:
+        """The length in bytes of the value at ``key``, or ``None`` if absent.
+
+        The default reads the whole value; backends that can ask for the size alone override it.
+        """
+        data = self.get(key)
+        return None if data is None else len(data)
+
     @abc.abstractmethod
     def list(
         self, prefix: str = "", *, start: str | None = None, stop: str | None = None
@@ -105,7 +114,7 @@ class KvStore(abc.ABC):
         Keys are compared as UTF-8 bytes, so the order matches OCDBT's.
         """
 
-    def list_dir(self, prefix: str = "") -> tuple[list[str], list[str]]:
+    def list_dir(self, prefix: str = "") -> tuple[builtins.list[str], builtins.list[str]]:
         """Return ``(subdirectories, keys)`` directly below ``prefix`` (a ``/``-terminated path).
 
         The default walks :meth:`list`; backends with a cheaper directory listing override it.

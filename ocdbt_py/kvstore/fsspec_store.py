@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -42,6 +44,7 @@ class FsspecStore(KvStore):
         if read_only is None:
             read_only = bool(set(protos) & _READ_ONLY_PROTOCOLS)
         self.read_only = read_only
+        self._http = bool(set(protos) & {"http", "https"})
 
     @classmethod
     def from_url(
@@ -94,6 +97,22 @@ class FsspecStore(KvStore):
                 return None
             raise self._fail("reading", key, e) from e
 
+    def size(self, key: str) -> int | None:
+        path = self._path(key)
+        try:
+            info = self.fs.info(path)
+        except Exception as e:
+            if _is_missing(e):
+                return None
+            raise self._fail("reading", key, e) from e
+        if info.get("type") == "directory":
+            return None
+        size = info.get("size")
+        if size is None:  # some filesystems (http without Content-Length) do not know
+            data = self.get(key)
+            return None if data is None else len(data)
+        return int(size)
+
     def get_many(self, requests: Sequence[ReadRequest]) -> list[bytes | None]:
         reqs = [normalize_request(r) for r in requests]
         if len(reqs) <= 1 or not getattr(self.fs, "async_impl", False):
@@ -131,18 +150,22 @@ class FsspecStore(KvStore):
         top = prefix[: slash + 1] if slash >= 0 else ""
         base = f"{self.root}/{top}".rstrip("/") if (self.root or top) else ""
         try:
-            found = self.fs.find(base, withdirs=False) if self.fs.exists(base) or not base else []
+            found = self._http_find(base + "/") if self._http else self.fs.find(base, withdirs=False)
         except FileNotFoundError:
             found = []
         except Exception as e:
             raise self._fail("listing", prefix, e) from e
         root = self.fs._strip_protocol(self.root).rstrip("/") if self.root else ""
+        if self._http:
+            root = urllib.parse.unquote(root)
         n = len(root) + 1 if root else 0
         keys = []
         pb, lo = prefix.encode(), None if start is None else start.encode()
         hi = None if stop is None else stop.encode()
         for p in found:
             p = self.fs._strip_protocol(p)
+            if self._http:
+                p = urllib.parse.unquote(p)
             kb = p[n:].lstrip("/").encode()
             if not kb.startswith(pb) or (lo is not None and kb < lo) or (hi is not None and kb >= hi):
                 continue
@@ -150,6 +173,26 @@ class FsspecStore(KvStore):
         keys.sort()
         for kb in keys:
             yield kb.decode()
+
+    def _http_find(self, top: str) -> builtins.list[str]:
+        """Recursive listing from HTML directory indexes (directories end with ``/``)."""
+        out: list[str] = []
+        stack = [top]
+        seen = 0
+        while stack:
+            d = stack.pop()
+            seen += 1
+            if seen > 100_000:
+                raise StorageError(f"listing {self.url} visited too many directories")
+            for e in self.fs.ls(d, detail=True):
+                name = e["name"]
+                if not name.startswith(d) or name == d:
+                    continue  # parent links and the like
+                if e.get("type") == "directory" or name.endswith("/"):
+                    stack.append(name if name.endswith("/") else name + "/")
+                else:
+                    out.append(name)
+        return out
 
     # -- writing -------------------------------------------------------------------------
     def _check_writable(self) -> None:

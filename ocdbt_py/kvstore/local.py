@@ -8,9 +8,11 @@ value.  Conditional writes are atomic between cooperating processes: "only if ab
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import os
+import stat
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -68,15 +70,16 @@ class LocalStore(KvStore):
         except OSError as e:
             raise self._fail("reading", key, e) from e
         try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                return None
+            size = st.st_size
             if byte_range is None:
-                size = os.fstat(fd).st_size
                 return _read_exact(fd, 0, size)
             start, stop = byte_range
-            if start < 0 or stop is None:
-                size = os.fstat(fd).st_size
-                if start < 0:
-                    start = max(size + start, 0)
-                stop = size
+            if start < 0:
+                start = max(size + start, 0)
+            stop = size if stop is None else min(stop, size)
             if stop <= start:
                 return b""
             return _read_exact(fd, start, stop - start)
@@ -86,6 +89,16 @@ class LocalStore(KvStore):
             raise self._fail("reading", key, e) from e
         finally:
             os.close(fd)
+
+    def size(self, key: str) -> int | None:
+        path = self._path(key)
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            raise self._fail("reading", key, e) from e
+        return None if stat.S_ISDIR(st.st_mode) else st.st_size
 
     def get_many(self, requests: Sequence[ReadRequest]) -> list[bytes | None]:
         reqs = [normalize_request(r) for r in requests]
@@ -128,7 +141,7 @@ class LocalStore(KvStore):
                 break
             yield kb.decode()
 
-    def list_dir(self, prefix: str = "") -> tuple[list[str], list[str]]:
+    def list_dir(self, prefix: str = "") -> tuple[builtins.list[str], builtins.list[str]]:
         if prefix:
             validate_prefix(prefix)
         path = os.path.join(self.root, *prefix.strip("/").split("/")) if prefix.strip("/") else self.root

@@ -49,6 +49,12 @@ class MemoryStore(KvStore):
             value = self._data.get(key)
         return None if value is None else slice_range(value, byte_range)
 
+    def size(self, key: str) -> int | None:
+        validate_key(key)
+        with self._lock:
+            value = self._data.get(key)
+        return None if value is None else len(value)
+
     def list(
         self, prefix: str = "", *, start: str | None = None, stop: str | None = None
     ) -> Iterator[str]:

@@ -38,6 +38,9 @@ class PrefixStore(KvStore):
         reqs = [normalize_request(r) for r in requests]
         return self.base.get_many([(self._k(k), r) for k, r in reqs])
 
+    def size(self, key: str) -> int | None:
+        return self.base.size(self._k(key))
+
     def list(
         self, prefix: str = "", *, start: str | None = None, stop: str | None = None
     ) -> Iterator[str]:
