@@ -1,0 +1,59 @@
+"""The ``ocdbt`` command-line tool: inspect and check OCDBT databases and Orbax checkpoints.
+
+Usage (``ocdbt --help`` and ``ocdbt COMMAND --help`` for details)::
+
+    ocdbt ls URL [--prefix P] [--version V] [-l] [--json]
+    ocdbt get URL KEY [-o FILE] [--hex | --escaped] [--version V]
+    ocdbt info URL [--version V] [--json]
+    ocdbt versions URL [--json]
+    ocdbt verify URL [--latest | --version V] [--max-problems N] [--json]
+    ocdbt tree URL
+
+``URL`` is a local path or any fsspec URL (``--storage-option k=v``, repeatable, is passed to
+fsspec).  An Orbax checkpoint item directory is a database (its ``manifest.ocdbt``);
+pointing at a step directory lists the item directories to choose from.  Keys are shown as
+described in :mod:`ocdbt_py.cli.keys` (``\\xNN`` escapes for bytes that are not printable
+UTF-8, ``\\\\`` for a backslash); ``--json`` output gives ``key_hex`` too.
+
+Exit status: 0 success, 1 error or a failed ``verify``, 2 usage error (bad arguments, or a
+location that holds item databases rather than being one), 130 interrupted.  Errors are one
+line on stderr; ``--debug`` shows tracebacks.
+
+Adding a subcommand
+-------------------
+Create a module ``ocdbt_py/cli/cmd_<name>.py`` exposing ``register(subparsers)``.  The
+application (:mod:`ocdbt_py.cli.app`) discovers every ``cmd_*`` module of this package,
+imports it and calls ``register`` with the ``argparse`` subparsers object, in module-name
+order.  ``register`` adds its parser and sets the function that runs it::
+
+    def register(subparsers):
+        p = subparsers.add_parser("name", help="one line", description="...")
+        add_location(p)                      # URL + --storage-option (ocdbt_py.cli.options)
+        p.set_defaults(func=run)
+
+    def run(args) -> int:                    # returns the exit status
+        db = open_database(args)             # ocdbt_py.cli.locate
+        ...
+
+Keep module import cheap: import heavy modules (numpy, the store, codecs) inside ``run``.
+Shared helpers: :mod:`ocdbt_py.cli.options` (common arguments), :mod:`ocdbt_py.cli.locate`
+(opening a database with helpful errors), :mod:`ocdbt_py.cli.output` (JSON and human
+formatting), :mod:`ocdbt_py.cli.keys` (key escaping), :mod:`ocdbt_py.cli.progress`.  Raise
+:class:`ocdbt_py.cli.errors.CliError` (exit 1) or :class:`~ocdbt_py.cli.errors.UsageError`
+(exit 2) for user-facing failures; :class:`~ocdbt_py.errors.OcdbtError` is reported as a
+one-line error too.  Two modules must not register the same command name (a later module
+replacing a stub should delete the stub's module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the tool with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    from ocdbt_py.cli.app import run
+
+    return run(argv)

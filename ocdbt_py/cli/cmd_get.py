@@ -1,0 +1,70 @@
+"""``ocdbt get``: write one value's raw bytes to stdout or a file."""
+
+from __future__ import annotations
+
+import argparse
+
+from ocdbt_py.cli.options import add_location, add_version
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``get`` subcommand."""
+    p = subparsers.add_parser(
+        "get",
+        help="write a value's raw bytes to stdout or a file",
+        description="Write the value of KEY, byte for byte, to stdout or to FILE. KEY is text "
+        "(UTF-8) unless --hex or --escaped says otherwise.",
+    )
+    add_location(p)
+    p.add_argument("key", metavar="KEY", help="the key")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--hex", action="store_true", help="KEY is hex digits (as key_hex in ls --json)")
+    g.add_argument("--escaped", action="store_true",
+                   help="KEY uses the \\xNN and \\\\ escapes that ls prints")
+    p.add_argument("-o", "--output", metavar="FILE", default=None,
+                   help="write to FILE instead of stdout ('-' for stdout)")
+    add_version(p)
+    p.set_defaults(func=run)
+
+
+def parse_key(args: argparse.Namespace) -> bytes:
+    """The key argument as bytes, per ``--hex`` / ``--escaped``."""
+    from ocdbt_py.cli.errors import UsageError
+    from ocdbt_py.cli.keys import parse_hex_key, unescape_key
+
+    try:
+        if args.hex:
+            return parse_hex_key(args.key)
+        if args.escaped:
+            return unescape_key(args.key)
+    except ValueError as e:
+        raise UsageError(f"bad key: {e}") from None
+    # surrogateescape gives back the exact bytes of a non-UTF-8 command-line argument
+    return str(args.key).encode("utf-8", "surrogateescape")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fetch the value and write it."""
+    import sys
+
+    from ocdbt_py.cli.errors import CliError
+    from ocdbt_py.cli.keys import escape_key
+    from ocdbt_py.cli.locate import open_database
+
+    key = parse_key(args)
+    db = open_database(args)
+    value = db.get(key)
+    if value is None:
+        raise CliError(f"key '{escape_key(key)}' not found in {args.url} (generation {db.generation})")
+    if args.output in (None, "-"):
+        stream = sys.stdout
+        stream.flush()
+        buf = getattr(stream, "buffer", None)
+        if buf is None:  # a text-only stream: no way to write bytes faithfully
+            raise CliError("stdout does not accept bytes; use -o FILE")
+        buf.write(value)
+        buf.flush()
+    else:
+        with open(args.output, "wb") as f:
+            f.write(value)
+    return 0

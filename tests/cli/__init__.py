@@ -1,0 +1,1 @@
+"""Tests of the ocdbt command-line tool and of ocdbt_py.verify."""
