@@ -1,0 +1,147 @@
+"""The ``make demo`` job: an Orbax checkpoint on local disk, read back without TensorStore.
+
+1. Orbax (with JAX on CPU, 8 virtual devices, in a child process) saves a sharded checkpoint
+   into ``.demo/`` — the oracle's own output, written the way training jobs write it.
+2. ocdbt-py inspects it like the ``ocdbt`` CLI does: versions, keys, ``verify``.
+3. ``ocdbt_py.checkpoint.restore`` turns it into NumPy arrays (no JAX, no TensorStore in this
+   process) and compares them with what was saved; ``metadata`` gives shapes without reading
+   data; ``export_safetensors`` streams it to a safetensors file.
+
+Run: ``python -m ocdbt_py.demo [--dir .demo]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+_SAVE = textwrap.dedent(
+    """
+    import os, sys, json
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import numpy as np, jax, jax.numpy as jnp, ml_dtypes
+    import orbax.checkpoint as ocp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((256, 128), dtype=np.float32)
+    tree = {
+        "params": {
+            "dense": {"kernel": jax.device_put(w, NamedSharding(mesh, P("data", "model"))),
+                      "bias": jnp.arange(128, dtype=jnp.bfloat16)},
+            "embed": jax.device_put(rng.standard_normal((64, 32)).astype(np.float16),
+                                    NamedSharding(mesh, P(None, "model"))),
+        },
+        "step": 1000,
+        "lr": np.float32(3e-4),
+        "mask": np.array([True, False, True]),
+        "name": "demo-run",
+    }
+    path = sys.argv[1]
+    ocp.PyTreeCheckpointer().save(path, tree)
+    saved = {
+        "params.dense.kernel": w.tolist(),
+        "params.dense.bias": np.arange(128).astype(ml_dtypes.bfloat16).astype(np.float32).tolist(),
+    }
+    json.dump(saved, open(path + ".expected.json", "w"))
+    """
+)
+
+
+def _step(n: int, text: str) -> None:
+    print(f"\n== {n}. {text}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; returns the process exit status."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", default=".demo", help="working directory on local disk")
+    args = ap.parse_args(argv)
+
+    import numpy as np
+
+    import ocdbt_py
+    from ocdbt_py import checkpoint
+    from ocdbt_py.verify import verify
+
+    work = os.path.abspath(args.dir)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    ckpt = os.path.join(work, "ckpt")
+
+    _step(1, f"Orbax saves a sharded checkpoint to {ckpt}")
+    t = time.perf_counter()
+    try:
+        subprocess.run([sys.executable, "-c", _SAVE, ckpt], check=True)
+    except (subprocess.CalledProcessError, FileNotFoundError) as e:
+        print(f"could not run Orbax to make the demo checkpoint ({e}); is it installed? "
+              "`make demo` installs it into .venv.")
+        return 1
+    print(f"saved in {time.perf_counter() - t:.1f} s; files:")
+    for root, _, files in sorted(os.walk(ckpt)):
+        for f in sorted(files)[:4]:
+            rel = os.path.relpath(os.path.join(root, f), ckpt)
+            print(f"  {rel}  ({os.path.getsize(os.path.join(root, f))} bytes)")
+
+    _step(2, "ocdbt-py opens the OCDBT database at the checkpoint's root")
+    db = ocdbt_py.open(ckpt)
+    info = db.info()
+    print(f"generation {info['generation']}, {info['num_keys']} keys, "
+          f"{info['num_indirect_value_bytes']} out-of-line value bytes, config {info['config']}")
+    for e in list(db.entries())[:6]:
+        where = "inline" if e.location is None else f"{e.location.file.path.decode()}:{e.location.offset}"
+        print(f"  {e.key.decode():40s} {e.size:8d}  {where}")
+    report = verify(ckpt)
+    print(f"verify: {'clean' if report.ok else 'PROBLEMS'} "
+          f"({report.nodes} nodes, {report.versions} versions, {report.data_files} data files checked)")
+    if not report.ok:
+        for p in report.problems:
+            print("  ", p)
+        return 1
+
+    _step(3, "checkpoint.metadata: shapes and dtypes without reading array data")
+    meta = checkpoint.metadata(ckpt)
+    print(json.dumps(_summarise(meta), indent=2, default=str)[:1500])
+
+    _step(4, "checkpoint.restore: NumPy arrays, no JAX or TensorStore in this process")
+    t = time.perf_counter()
+    tree = checkpoint.restore(ckpt)
+    print(f"restored in {time.perf_counter() - t:.3f} s")
+    expected = json.load(open(ckpt + ".expected.json"))
+    kernel = tree["params"]["dense"]["kernel"]
+    bias = tree["params"]["dense"]["bias"]
+    ok = (np.array_equal(kernel, np.array(expected["params.dense.kernel"], dtype=np.float32))
+          and np.array_equal(bias.astype(np.float32), np.array(expected["params.dense.bias"], dtype=np.float32))
+          and tree["step"] == 1000 and tree["name"] == "demo-run")
+    print(f"kernel {kernel.shape} {kernel.dtype}, bias {bias.shape} {bias.dtype}, "
+          f"step={tree['step']!r}, name={tree['name']!r}: {'matches' if ok else 'MISMATCH'} what Orbax saved")
+    loaded = [m for m in ("jax", "tensorstore") if m in sys.modules]
+    print(f"modules loaded in this process from JAX/TensorStore: {loaded or 'none'}")
+
+    _step(5, "export_safetensors: stream the checkpoint to a safetensors file")
+    out = os.path.join(work, "model.safetensors")
+    checkpoint.export_safetensors(ckpt, out)
+    print(f"wrote {out} ({os.path.getsize(out)} bytes)")
+    return 0 if ok and not loaded else 1
+
+
+def _summarise(tree: object) -> object:
+    if isinstance(tree, dict):
+        return {k: _summarise(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_summarise(v) for v in tree]
+    shape = getattr(tree, "shape", None)
+    dtype = getattr(tree, "dtype", None)
+    if shape is not None:
+        return f"{dtype}{list(shape)}"
+    return repr(tree)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
