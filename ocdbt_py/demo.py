@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     tree = checkpoint.restore(ckpt)
     print(f"restored in {time.perf_counter() - t:.3f} s")
-    expected = json.load(open(ckpt + ".expected.json"))
+    with open(ckpt + ".expected.json") as f:
+        expected = json.load(f)
     kernel = tree["params"]["dense"]["kernel"]
     bias = tree["params"]["dense"]["bias"]
     ok = (np.array_equal(kernel, np.array(expected["params.dense.kernel"], dtype=np.float32))
