@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator, Sequence
 
+from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.btree import BtreeNode, InteriorNode, LeafNode
 from ocdbt_py.format.data_file_table import IndirectDataReference
 from ocdbt_py.node_reader import NodeReader
@@ -22,6 +23,7 @@ Value = "bytes | IndirectDataReference"
 Root = tuple["IndirectDataReference | None", int]
 
 _WINDOW = 16
+_WINDOW_BYTES = 8 << 20
 
 
 def lookup(reader: NodeReader, root: Root, key: bytes) -> bytes | IndirectDataReference | None:
@@ -128,19 +130,28 @@ def iterate(
     """Yield ``(key, value)`` in key order for keys in ``[lo, hi)``.
 
     Children are fetched in concurrent windows; memory stays bounded by the window size times
-    the node size per level.
+    the node size per level.  Every child's keys must lie within the range its parent entry
+    gives it, so the output is strictly increasing even for a crafted tree, and a tree whose
+    entries share subtrees cannot make a listing do unbounded work without output.
     """
     ref, height = root
     if ref is None:
         return
     top = reader.btree_node(ref, height)
-    # explicit stack of (node, prefix, pending child indices iterator)
-    yield from _walk(reader, top, b"", lo, hi)
+    yield from _walk(reader, top, b"", lo, hi, None)
+
+
+def _out_of_range(reader: NodeReader, ref: IndirectDataReference, what: str) -> CorruptionError:
+    return CorruptionError(f"b+tree node {what}", path=reader.file_key(ref.file), offset=ref.offset)
 
 
 def _walk(
-    reader: NodeReader, node: BtreeNode, prefix: bytes, lo: bytes, hi: bytes | None
+    reader: NodeReader, node: BtreeNode, prefix: bytes, lo: bytes, hi: bytes | None, upper: bytes | None
 ) -> Iterator[tuple[bytes, bytes | IndirectDataReference]]:
+    """Keys of ``node`` (whose keys are relative to ``prefix``) in ``[lo, hi)``.
+
+    ``upper`` is the exclusive bound the parent gives this subtree (``None``: none).
+    """
     if isinstance(node, LeafNode):
         keys = node.keys
         values = node.values
@@ -148,12 +159,31 @@ def _walk(
             yield prefix + keys[i], values[i]
         return
     idx = list(_child_range(node, prefix, lo, hi))
-    for w in range(0, len(idx), _WINDOW):
-        window = idx[w : w + _WINDOW]
-        children = reader.btree_nodes([node.children[i].location for i in window], node.height - 1)
-        for i, child in zip(window, children):
+    keys = node.keys
+    n = len(keys)
+    w = 0
+    while w < len(idx):
+        # a window of up to _WINDOW children, fewer when they are big
+        end = w + 1
+        size = node.children[idx[w]].location.length
+        while end < len(idx) and end - w < _WINDOW and size < _WINDOW_BYTES:
+            size += node.children[idx[end]].location.length
+            end += 1
+        window = idx[w:end]
+        w = end
+        refs = [node.children[i].location for i in window]
+        children = reader.btree_nodes(refs, node.height - 1)
+        for i, ref, child in zip(window, refs, children):
             scp = node.subtree_prefix_lengths[i]
-            yield from _walk(reader, child, prefix + node.keys[i][:scp], lo, hi)
+            entry = keys[i]
+            # the child's keys must lie in [prefix + entry, prefix + next entry or upper)
+            if child.keys[0] < entry[scp:]:
+                raise _out_of_range(reader, ref, "has a first key below its parent entry's key")
+            child_upper = prefix + keys[i + 1] if i + 1 < n else upper
+            child_prefix = prefix + entry[:scp]
+            if child_upper is not None and child_prefix + child.keys[-1] >= child_upper:
+                raise _out_of_range(reader, ref, "has a key at or above the next parent entry's key")
+            yield from _walk(reader, child, child_prefix, lo, hi, child_upper)
 
 
 def walk_nodes(

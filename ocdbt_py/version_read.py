@@ -49,7 +49,7 @@ def read_manifest(kv: KvStore) -> tuple[Manifest, str]:
 
     Raises :class:`NotFoundError` when there is no database at ``kv``.
     """
-    data = kv.get(MANIFEST_KEY)
+    data = _get_manifest_file(kv, MANIFEST_KEY)
     if data is None:
         raise NotFoundError(f"no OCDBT database at {kv.url} (no {MANIFEST_KEY})")
     _check_size(kv, MANIFEST_KEY, data)
@@ -63,7 +63,7 @@ def read_manifest(kv: KvStore) -> tuple[Manifest, str]:
             return manifest, MANIFEST_KEY
         g = gens[-1]
         key = numbered_manifest_key(g)
-        data = kv.get(key)
+        data = _get_manifest_file(kv, key)
         if data is None:  # pruned or replaced meanwhile: list again
             continue
         _check_size(kv, key, data)
@@ -84,6 +84,11 @@ def read_manifest(kv: KvStore) -> tuple[Manifest, str]:
             raise CorruptionError("numbered manifest's config differs from manifest.ocdbt", path=f"{kv.url}/{key}")
         return Manifest(manifest.config, numbered.versions, numbered.version_nodes), key
     raise CorruptionError(f"numbered manifests of {kv.url} kept vanishing while being read")
+
+
+def _get_manifest_file(kv: KvStore, key: str) -> bytes | None:
+    """Read a manifest file, but never more than one byte past the size limit."""
+    return kv.get(key, (0, _MAX_MANIFEST_FILE + 1))
 
 
 def _check_size(kv: KvStore, key: str, data: bytes) -> None:

@@ -7,7 +7,8 @@ entry determines) and prefix-compressed against the previous key.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Union
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple, Union, overload
 
 from ocdbt_py.format.data_file_table import (
     DataFileId,
@@ -24,6 +25,7 @@ __all__ = [
     "LeafNode",
     "InteriorNode",
     "BtreeNode",
+    "PrefixedKeys",
     "decode_btree_node",
     "encode_leaf_node",
     "encode_interior_node",
@@ -50,7 +52,7 @@ class BtreeChild(NamedTuple):
 class LeafNode:
     """A leaf: ``values[i]`` is the inline value (bytes) or where the value is stored."""
 
-    keys: list[bytes]
+    keys: Sequence[bytes]
     values: list[bytes | IndirectDataReference]
     height: int = 0
 
@@ -64,7 +66,7 @@ class InteriorNode:
     """
 
     height: int
-    keys: list[bytes]
+    keys: Sequence[bytes]
     subtree_prefix_lengths: list[int]
     children: list[BtreeChild]
 
@@ -72,7 +74,61 @@ class InteriorNode:
 BtreeNode = Union[LeafNode, InteriorNode]
 
 
-def _read_keys(r: Reader, n: int, interior: bool) -> tuple[list[bytes], list[int]]:
+class PrefixedKeys(Sequence[bytes]):
+    """Keys sharing one long common prefix, stored once: ``keys[i] == prefix + rest[i]``.
+
+    A node's keys may all repeat a long prefix (up to 64 KiB, times up to 2**20 entries), which
+    the encoding stores once; materialising every key would multiply the memory by the entry
+    count.  Decoding returns this compact sequence instead of a list in that case.
+    """
+
+    __slots__ = ("prefix", "rest")
+
+    def __init__(self, prefix: bytes, rest: list[bytes]):
+        self.prefix = prefix
+        self.rest = rest
+
+    def __len__(self) -> int:
+        return len(self.rest)
+
+    @overload
+    def __getitem__(self, i: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[bytes]: ...
+
+    def __getitem__(self, i: int | slice) -> bytes | list[bytes]:
+        if isinstance(i, slice):
+            return [self.prefix + r for r in self.rest[i]]
+        return self.prefix + self.rest[i]
+
+    def __iter__(self) -> Iterator[bytes]:
+        p = self.prefix
+        return (p + r for r in self.rest)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (bytes, str)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PrefixedKeys(prefix={self.prefix[:16]!r}..., n={len(self.rest)})"
+
+
+#: Keys are materialised as a plain list unless that would repeat more than this many bytes
+#: of the node-wide common prefix.
+_SHARED_PREFIX_BYTES = 1 << 20
+
+
+def _read_keys(r: Reader, n: int, interior: bool, max_key_bytes: int) -> tuple[Sequence[bytes], list[int]]:
+    """Read the key columns; keys are relative to the node's implicit prefix.
+
+    As in TensorStore, the bytes held for the keys are bounded without repeating the common
+    prefix of all keys: ``common + sum(len(key) - common)`` must not exceed ``max_key_bytes``
+    (a node's decoded size bound), so a crafted node cannot expand into gigabytes of keys.
+    """
     prefix = r.varint_column(n - 1, MAX_KEY_LENGTH, "key prefix length")
     ppos = r.pos
     suffix = r.varint_column(n, MAX_KEY_LENGTH, "key suffix length")
@@ -80,27 +136,46 @@ def _read_keys(r: Reader, n: int, interior: bool) -> tuple[list[bytes], list[int
     total = sum(suffix)
     kpos = r.pos
     blob = r.take(total, "key bytes")
-    keys: list[bytes] = []
-    prev = blob[0 : suffix[0]]
-    keys.append(prev)
+    common = suffix[0]
+    if prefix:
+        common = min(common, min(prefix))
+    if scp:
+        common = min(common, min(scp))
+    # bytes held for the keys, as TensorStore's key buffer: the common prefix once, plus the
+    # rest of every key (the prefix lengths are validated one by one below)
+    held = sum(prefix) + total - common * (n - 1)
+    if held > max_key_bytes:
+        raise r.error(f"keys expand to {held} bytes, more than {max_key_bytes}", ppos)
+    compact = common * n > _SHARED_PREFIX_BYTES
+    # Keys are built relative to `drop` bytes of the common prefix: 0 (plain full keys), or
+    # all of it (compact form, the prefix stored once).
+    drop = common if compact else 0
+    prev = blob[drop : suffix[0]]
+    keys: list[bytes] = [prev]
+    append = keys.append
     off = suffix[0]
     for i in range(1, n):
         p = prefix[i - 1]
         s = suffix[i]
-        if p > len(prev):
-            raise r.error(f"key {i}: prefix length {p} exceeds the previous key's length {len(prev)}", ppos)
+        if p > drop + len(prev):
+            raise r.error(f"key {i}: prefix length {p} exceeds the previous key's length {drop + len(prev)}", ppos)
         if p + s > MAX_KEY_LENGTH:
             raise r.error(f"key {i}: length {p + s} exceeds {MAX_KEY_LENGTH}", ppos)
-        k = prev[:p] + blob[off : off + s] if p else blob[off : off + s]
+        q = p - drop
+        k = prev[:q] + blob[off : off + s] if q else blob[off : off + s]
         off += s
+        # keys share the dropped prefix, so comparing the rest decides the order; the bytes
+        # compared are bounded by the `held` budget
         if k <= prev:
             raise r.error(f"keys not strictly increasing at entry {i}", kpos)
-        keys.append(k)
+        append(k)
         prev = k
     if interior:
         for i in range(n):
-            if scp[i] > len(keys[i]):
+            if scp[i] > drop + len(keys[i]):
                 raise r.error(f"entry {i}: subtree common prefix length exceeds its key length", ppos)
+    if compact:
+        return PrefixedKeys(blob[:common], keys), scp
     return keys, scp
 
 
@@ -121,7 +196,8 @@ def decode_btree_node(
     """Decode an encoded B+tree node (envelope included).
 
     ``transitive`` is prepended to the base paths of the node's data file table;
-    ``max_body`` bounds the decoded body size.
+    ``max_body`` bounds the decoded body size and the bytes its keys expand to (keys that
+    all share a long prefix come back as a compact :class:`PrefixedKeys` sequence).
     """
     body = decode_envelope(data, BTREE_NODE_MAGIC, max_body=max_body, path=path, base=base)
     r = Reader(body, path=path)
@@ -135,7 +211,7 @@ def decode_btree_node(
         raise r.error(f"b+tree node has {n} entries (> {MAX_NODE_ENTRIES})", npos)
     if 2 * n - 1 > r.remaining():
         raise r.error(f"b+tree node claims {n} entries but only {r.remaining()} bytes remain", npos)
-    keys, scp = _read_keys(r, n, height > 0)
+    keys, scp = _read_keys(r, n, height > 0, max_body)
     node: BtreeNode
     if height == 0:
         lengths = r.varint_column(n, _LIMIT63, "value length")
@@ -199,7 +275,7 @@ def _common_prefix(a: bytes, b: bytes) -> int:
     return i
 
 
-def _encode_keys(body: bytearray, keys: list[bytes], scp: list[int] | None) -> None:
+def _encode_keys(body: bytearray, keys: Sequence[bytes], scp: Sequence[int] | None) -> None:
     n = len(keys)
     put_varint(body, n)
     prefixes = [_common_prefix(keys[i - 1], keys[i]) for i in range(1, n)]
@@ -217,7 +293,7 @@ def _encode_keys(body: bytearray, keys: list[bytes], scp: list[int] | None) -> N
 
 
 def encode_leaf_node(
-    keys: list[bytes], values: list[bytes | IndirectDataReference], zstd_level: int | None
+    keys: Sequence[bytes], values: Sequence[bytes | IndirectDataReference], zstd_level: int | None
 ) -> bytes:
     """Encode a leaf whose ``keys`` (relative to the node prefix) are sorted and unique."""
     if not keys or len(keys) != len(values):
@@ -244,9 +320,9 @@ def encode_leaf_node(
 
 def encode_interior_node(
     height: int,
-    keys: list[bytes],
-    subtree_prefix_lengths: list[int],
-    children: list[BtreeChild],
+    keys: Sequence[bytes],
+    subtree_prefix_lengths: Sequence[int],
+    children: Sequence[BtreeChild],
     zstd_level: int | None,
 ) -> bytes:
     """Encode an interior node of ``height >= 1``."""

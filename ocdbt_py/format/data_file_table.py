@@ -67,8 +67,18 @@ def check_reference(r: Reader, offset: int, length: int, what: str, pos: int) ->
         raise r.error(f"{what} reference offset {offset} + length {length} overflows", pos)
 
 
+#: Relative paths may expand (through shared prefixes) to at most this many bytes plus eight
+#: times the table's own size; real tables hold short ``d/<32 hex>`` names.
+_PATH_BYTES_SLACK = 1 << 20
+
+
 def decode_data_file_table(r: Reader, transitive: bytes = b"") -> list[DataFileId]:
-    """Read a data file table; base paths get ``transitive`` prepended."""
+    """Read a data file table; base paths get ``transitive`` prepended.
+
+    Consecutive entries with the same base path share one ``bytes`` object for it, and the
+    relative paths' total size is bounded, so shared prefixes cannot expand a small table
+    into gigabytes.
+    """
     start = r.pos
     n = r.varint(what="data file count")
     # every entry needs at least 2 bytes of columns
@@ -78,23 +88,42 @@ def decode_data_file_table(r: Reader, transitive: bytes = b"") -> list[DataFileI
     prefix = [0] + r.varint_column(n - 1, 0xFFFFFFFF, "path prefix length") if n else []
     suffix = r.varint_column(n, 0xFFFFFFFF, "path suffix length")
     base_len = r.varint_column(n, 0xFFFFFFFF, "base path length")
+    budget = _PATH_BYTES_SLACK + 8 * (r.pos - start + sum(suffix))
+    held = 0
     out: list[DataFileId] = []
-    prev = b""
+    prev_raw_base = b""  # the previous path split at its base length
+    prev_rel = b""
     prev_base = 0
+    base = transitive
     for i in range(n):
         p = prefix[i]
-        if p > len(prev):
-            raise r.error(f"data file {i}: prefix length {p} exceeds the previous path's length {len(prev)}")
-        if p + suffix[i] > max_len:
-            raise r.error(f"data file {i}: path length {p + suffix[i]} exceeds {max_len}")
-        path = prev[:p] + r.take(suffix[i], "data file path")
+        s = suffix[i]
         b = base_len[i]
-        if b > len(path):
-            raise r.error(f"data file {i}: base path length {b} exceeds the path length {len(path)}")
+        prev_len = prev_base + len(prev_rel)
+        if p > prev_len:
+            raise r.error(f"data file {i}: prefix length {p} exceeds the previous path's length {prev_len}")
+        if p + s > max_len:
+            raise r.error(f"data file {i}: path length {p + s} exceeds {max_len}")
+        if b > p + s:
+            raise r.error(f"data file {i}: base path length {b} exceeds the path length {p + s}")
         if i > 0 and p > min(prev_base, b) and b != prev_base:
             raise r.error(f"data file {i}: shared path prefix crosses differing base paths")
-        out.append(DataFileId(transitive + path[:b], path[b:]))
-        prev = path
+        sfx = r.take(s, "data file path")
+        if i > 0 and b == prev_base and p >= b:
+            # same base path: share it, and build only the relative part
+            rel = prev_rel[: p - b] + sfx
+        else:
+            # here p <= min(prev_base, b): the shared part lies inside the previous base path
+            path = prev_raw_base[:p] + sfx
+            prev_raw_base = path[:b]
+            base = transitive + prev_raw_base
+            held += len(base)
+            rel = path[b:]
+        held += len(rel)
+        if held > budget:
+            raise r.error(f"data file paths expand to more than {budget} bytes", start)
+        out.append(DataFileId(base, rel))
+        prev_rel = rel
         prev_base = b
     return out
 

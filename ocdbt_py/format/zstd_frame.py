@@ -3,9 +3,8 @@
 A zstd frame need not declare its decompressed size (TensorStore's streamed frames do not),
 and a tiny frame can claim gigabytes.  :func:`decompress_bounded` walks the frame's block
 headers first: that gives the exact compressed length (so trailing bytes are detected) and an
-upper bound of the output, which must be within the caller's limit before anything is
-allocated.  Frames whose bound exceeds the limit but whose real output may not are decoded by
-a streaming reader that stops at the limit.
+upper bound of the output.  The frame is then decoded in one shot into a buffer of at most
+that bound or the caller's limit, whichever is smaller; output that would not fit is an error.
 """
 
 from __future__ import annotations
@@ -134,29 +133,13 @@ def decompress_bounded(
         raise CorruptionError(
             f"zstd frame declares {content} bytes, more than the limit of {limit}", path=path, offset=base
         )
-    dctx = zstandard.ZstdDecompressor()
+    # Decode into one buffer of at most min(bound, limit) bytes; output beyond it is an error.
+    # libzstd may also reserve the frame's declared window (at most 128 MiB, its default
+    # windowLogMax, which zstd level 22 really uses); those pages are only touched as far as
+    # the output reaches.  Larger windows are rejected.
+    cap = max(1, min(bound, limit))
     try:
-        if bound <= limit:
-            obj = dctx.decompressobj()
-            out = obj.decompress(data)
-            if not obj.eof:
-                raise CorruptionError("zstd frame is incomplete", path=path, offset=base)
-        else:
-            # The block headers allow more than the limit: stream and stop at it.
-            with dctx.stream_reader(bytes(data), read_across_frames=False) as reader:
-                parts = []
-                got = 0
-                while True:
-                    chunk = reader.read(min(1 << 20, limit + 1 - got))
-                    if not chunk:
-                        break
-                    parts.append(chunk)
-                    got += len(chunk)
-                    if got > limit:
-                        raise CorruptionError(
-                            f"zstd frame decompresses to more than {limit} bytes", path=path, offset=base
-                        )
-            out = b"".join(parts)
+        out = zstandard.ZstdDecompressor().decompress(data, max_output_size=cap)
     except zstandard.ZstdError as e:
         raise CorruptionError(f"zstd decompression failed: {e}", path=path, offset=base) from e
     if content is not None and len(out) != content:

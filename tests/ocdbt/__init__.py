@@ -1,0 +1,1 @@
+"""Unit, property and fuzz tests of the OCDBT codecs and read path."""
