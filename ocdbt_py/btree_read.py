@@ -138,7 +138,29 @@ def iterate(
     if ref is None:
         return
     top = reader.btree_node(ref, height)
-    yield from _walk(reader, top, b"", lo, hi, None)
+    for leaf, prefix, rng in _walk(reader, top, b"", lo, hi, None):
+        keys = leaf.keys
+        values = leaf.values
+        for i in rng:
+            yield prefix + keys[i], values[i]
+
+
+def iterate_keys(reader: NodeReader, root: Root, lo: bytes = b"", hi: bytes | None = None) -> Iterator[bytes]:
+    """Like :func:`iterate`, keys only: no leaf value is ever materialised."""
+    ref, height = root
+    if ref is None:
+        return
+    top = reader.btree_node(ref, height)
+    for leaf, prefix, rng in _walk(reader, top, b"", lo, hi, None):
+        keys = leaf.keys
+        if prefix:
+            for i in rng:
+                yield prefix + keys[i]
+        elif isinstance(keys, list):
+            yield from keys[rng.start : rng.stop]
+        else:
+            for i in rng:
+                yield keys[i]
 
 
 def _out_of_range(reader: NodeReader, ref: IndirectDataReference, what: str) -> CorruptionError:
@@ -147,16 +169,16 @@ def _out_of_range(reader: NodeReader, ref: IndirectDataReference, what: str) -> 
 
 def _walk(
     reader: NodeReader, node: BtreeNode, prefix: bytes, lo: bytes, hi: bytes | None, upper: bytes | None
-) -> Iterator[tuple[bytes, bytes | IndirectDataReference]]:
-    """Keys of ``node`` (whose keys are relative to ``prefix``) in ``[lo, hi)``.
+) -> Iterator[tuple[LeafNode, bytes, range]]:
+    """The leaves below ``node`` (whose keys are relative to ``prefix``) in key order, each with
+    its prefix and the range of its entries that lies in ``[lo, hi)``.
 
     ``upper`` is the exclusive bound the parent gives this subtree (``None``: none).
     """
     if isinstance(node, LeafNode):
-        keys = node.keys
-        values = node.values
-        for i in _leaf_range(node, prefix, lo, hi):
-            yield prefix + keys[i], values[i]
+        rng = _leaf_range(node, prefix, lo, hi)
+        if rng:
+            yield node, prefix, rng
         return
     idx = list(_child_range(node, prefix, lo, hi))
     keys = node.keys

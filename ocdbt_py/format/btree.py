@@ -7,7 +7,9 @@ entry determines) and prefix-compressed against the previous key.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterator, Sequence
+from itertools import islice
 from typing import NamedTuple, Union, overload
 
 from ocdbt_py.format.data_file_table import (
@@ -53,7 +55,7 @@ class LeafNode:
     """A leaf: ``values[i]`` is the inline value (bytes) or where the value is stored."""
 
     keys: Sequence[bytes]
-    values: list[bytes | IndirectDataReference]
+    values: Sequence[bytes | IndirectDataReference]
     height: int = 0
 
 
@@ -117,8 +119,77 @@ class PrefixedKeys(Sequence[bytes]):
         return f"PrefixedKeys(prefix={self.prefix[:16]!r}..., n={len(self.rest)})"
 
 
+class _LeafValues(Sequence[Union[bytes, IndirectDataReference]]):
+    """A decoded leaf's values, built on first access from the already validated columns."""
+
+    __slots__ = ("_inline", "_lengths", "_kinds", "_files", "_fids", "_offsets", "_list")
+
+    def __init__(
+        self,
+        inline: bytes,
+        lengths: list[int],
+        kinds: bytes,
+        files: list[DataFileId],
+        fids: list[int],
+        offsets: list[int],
+    ):
+        self._inline = inline
+        self._lengths = lengths
+        self._kinds = kinds
+        self._files = files
+        self._fids = fids
+        self._offsets = offsets
+        self._list: list[bytes | IndirectDataReference] | None = None
+
+    def _values(self) -> list[bytes | IndirectDataReference]:
+        out = self._list
+        if out is None:
+            out = []
+            append = out.append
+            data = self._inline
+            files, fids, offsets = self._files, self._fids, self._offsets
+            pos = 0
+            j = 0
+            for ln, kind in zip(self._lengths, self._kinds):
+                if kind:
+                    append(IndirectDataReference(files[fids[j]], offsets[j], ln))
+                    j += 1
+                else:
+                    append(data[pos : pos + ln])
+                    pos += ln
+            self._list = out
+        return out
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    @overload
+    def __getitem__(self, i: int) -> bytes | IndirectDataReference: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[bytes | IndirectDataReference]: ...
+
+    def __getitem__(self, i: int | slice) -> bytes | IndirectDataReference | list[bytes | IndirectDataReference]:
+        return self._values()[i]
+
+    def __iter__(self) -> Iterator[bytes | IndirectDataReference]:
+        return iter(self._values())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _LeafValues):
+            other = other._values()
+        if not isinstance(other, Sequence) or isinstance(other, (bytes, str)):
+            return NotImplemented
+        return self._values() == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._values())
+
+
 #: Keys are materialised as a plain list unless that would repeat more than this many bytes
-#: of the node-wide common prefix.
+#: (or four times the node's size budget, if larger) of the node-wide common prefix.
 _SHARED_PREFIX_BYTES = 1 << 20
 
 
@@ -146,7 +217,8 @@ def _read_keys(r: Reader, n: int, interior: bool, max_key_bytes: int) -> tuple[S
     held = sum(prefix) + total - common * (n - 1)
     if held > max_key_bytes:
         raise r.error(f"keys expand to {held} bytes, more than {max_key_bytes}", ppos)
-    compact = common * n > _SHARED_PREFIX_BYTES
+    # repeating the prefix may cost at most a few times the node's own budget
+    compact = common * n > max(_SHARED_PREFIX_BYTES, 4 * max_key_bytes)
     # Keys are built relative to `drop` bytes of the common prefix: 0 (plain full keys), or
     # all of it (compact form, the prefix stored once).
     drop = common if compact else 0
@@ -154,22 +226,29 @@ def _read_keys(r: Reader, n: int, interior: bool, max_key_bytes: int) -> tuple[S
     keys: list[bytes] = [prev]
     append = keys.append
     off = suffix[0]
-    for i in range(1, n):
-        p = prefix[i - 1]
-        s = suffix[i]
-        if p > drop + len(prev):
-            raise r.error(f"key {i}: prefix length {p} exceeds the previous key's length {drop + len(prev)}", ppos)
-        if p + s > MAX_KEY_LENGTH:
-            raise r.error(f"key {i}: length {p + s} exceeds {MAX_KEY_LENGTH}", ppos)
-        q = p - drop
-        k = prev[:q] + blob[off : off + s] if q else blob[off : off + s]
-        off += s
-        # keys share the dropped prefix, so comparing the rest decides the order; the bytes
-        # compared are bounded by the `held` budget
-        if k <= prev:
-            raise r.error(f"keys not strictly increasing at entry {i}", kpos)
+    # The hot loop only builds keys; the checks run afterwards over whole columns at C speed.
+    for p, s in zip(prefix, islice(suffix, 1, None)):
+        end = off + s
+        k = prev[: p - drop] + blob[off:end]
         append(k)
         prev = k
+        off = end
+    if n > 1:
+        lens = list(map(len, keys))
+        # a prefix may not reach past the previous key (else the slice above was short)
+        if any(map(operator.gt, prefix, map(drop.__add__, lens))):
+            i = next(i for i in range(1, n) if prefix[i - 1] > drop + lens[i - 1])
+            raise r.error(
+                f"key {i}: prefix length {prefix[i - 1]} exceeds the previous key's length {drop + lens[i - 1]}",
+                ppos,
+            )
+        if drop + max(lens) > MAX_KEY_LENGTH:
+            i = next(i for i in range(n) if drop + lens[i] > MAX_KEY_LENGTH)
+            raise r.error(f"key {i}: length {drop + lens[i]} exceeds {MAX_KEY_LENGTH}", ppos)
+        # keys share the dropped prefix, so comparing the rest decides the order
+        if any(map(operator.ge, keys, islice(keys, 1, None))):
+            i = next(i for i in range(1, n) if keys[i] <= keys[i - 1])
+            raise r.error(f"keys not strictly increasing at entry {i}", kpos)
     if interior:
         for i in range(n):
             if scp[i] > drop + len(keys[i]):
@@ -217,36 +296,34 @@ def decode_btree_node(
         lengths = r.varint_column(n, _LIMIT63, "value length")
         kpos = r.pos
         kinds = r.take(n, "value kinds")
-        if kinds and max(kinds) > 1:
+        if max(kinds) > 1:
             raise r.error("unknown value kind", kpos + next(i for i, k in enumerate(kinds) if k > 1))
         m = kinds.count(1)
         fpos = r.pos
-        fids = r.varint_column(m, len(files) - 1 if files else 0, "data file index") if m else []
         if m and not files:
             raise r.error("out-of-line value but the data file table is empty", fpos)
+        fids = r.varint_column(m, len(files) - 1, "data file index") if m else []
         offsets = r.varint_column(m, _LIMIT63, "value offset") if m else []
-        values: list[bytes | IndirectDataReference] = []
-        j = 0
         vpos = r.pos
-        data_view = r.data
-        pos = r.pos
-        end = r.end
-        for i in range(n):
-            ln = lengths[i]
-            if kinds[i] == 0:
-                if ln > MAX_INLINE_VALUE_READ:
-                    raise r.error(f"inline value of {ln} bytes exceeds {MAX_INLINE_VALUE_READ}", vpos)
-                if pos + ln > end:
-                    raise r.error("truncated inline values", pos)
-                values.append(bytes(data_view[pos : pos + ln]))
-                pos += ln
-            else:
-                off = offsets[j]
-                if off + ln > _LIMIT63:
-                    raise r.error("value reference overflows", fpos)
-                values.append(IndirectDataReference(_file(r, files, fids[j], fpos), off, ln))
-                j += 1
-        r.pos = pos
+        # Validate every value now; build the value objects only when first asked for
+        # (listing keys never needs them).
+        if m == 0:
+            inline_lengths: Sequence[int] = lengths
+        elif m == n:
+            inline_lengths = []
+        else:
+            inline_lengths = [ln for ln, k in zip(lengths, kinds) if not k]
+        if inline_lengths and max(inline_lengths) > MAX_INLINE_VALUE_READ:
+            raise r.error(f"inline value of {max(inline_lengths)} bytes exceeds {MAX_INLINE_VALUE_READ}", vpos)
+        inline_total = sum(inline_lengths)
+        if vpos + inline_total > r.end:
+            raise r.error("truncated inline values", vpos)
+        if m:
+            out_lengths = lengths if m == n else [ln for ln, k in zip(lengths, kinds) if k]
+            if any(o + ln > _LIMIT63 for o, ln in zip(offsets, out_lengths)):
+                raise r.error("value reference overflows", fpos)
+        r.pos = vpos + inline_total
+        values = _LeafValues(bytes(body[vpos : vpos + inline_total]), lengths, kinds, files, fids, offsets)
         node = LeafNode(keys, values)
     else:
         fpos = r.pos
