@@ -77,7 +77,9 @@ def main() -> None:
             kv = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{small}/"}).result()
             assert len(kv.list().result()) == len(keys)
 
-        rows.append((f"list {len(keys)} keys (open + list)", best_of(ours_list, args.repeat), best_of(ts_list, args.repeat)))
+        rows.append(
+            (f"list {len(keys)} keys (open + list)", best_of(ours_list, args.repeat), best_of(ts_list, args.repeat))
+        )
 
         sample = random.Random(2).sample(keys, min(args.point_reads, len(keys)))
         db = ocdbt_py.open(small)
@@ -102,7 +104,10 @@ def main() -> None:
         t_ts_conc = best_of(ts_points_concurrent, args.repeat)
         t_ts_seq = best_of(ts_points_seq, args.repeat)
         rows.append((f"{len(sample)} point reads, sequential get()", best_of(ours_points_seq, args.repeat), t_ts_seq))
-        rows.append((f"{len(sample)} point reads, get_many vs TS concurrent futures", best_of(ours_points_batch, args.repeat), t_ts_conc))
+        rows.append(
+            (f"{len(sample)} point reads, get_many vs TS concurrent futures",
+             best_of(ours_points_batch, args.repeat), t_ts_conc)
+        )
 
         if args.bulk_mib:
             bulk = os.path.join(tmp, "bulk")

@@ -94,9 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     info = db.info()
     print(f"generation {info['generation']}, {info['num_keys']} keys, "
           f"{info['num_indirect_value_bytes']} out-of-line value bytes, config {info['config']}")
-    for e in list(db.entries())[:6]:
-        where = "inline" if e.location is None else f"{e.location.file.path.decode()}:{e.location.offset}"
-        print(f"  {e.key.decode():40s} {e.size:8d}  {where}")
+    for entry in list(db.entries())[:6]:
+        loc = entry.location
+        where = "inline" if loc is None else f"{loc.file.path.decode()}:{loc.offset}"
+        print(f"  {entry.key.decode():40s} {entry.size:8d}  {where}")
     report = verify(ckpt)
     print(f"verify: {'clean' if report.ok else 'PROBLEMS'} "
           f"({report.nodes} nodes, {report.versions} versions, {report.data_files} data files checked)")
@@ -113,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     tree = checkpoint.restore(ckpt)
     print(f"restored in {time.perf_counter() - t:.3f} s")
-    with open(ckpt + ".expected.json") as f:
-        expected = json.load(f)
+    with open(ckpt + ".expected.json") as fh:
+        expected = json.load(fh)
     kernel = tree["params"]["dense"]["kernel"]
     bias = tree["params"]["dense"]["bias"]
     ok = (np.array_equal(kernel, np.array(expected["params.dense.kernel"], dtype=np.float32))
