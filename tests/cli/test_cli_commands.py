@@ -132,11 +132,12 @@ def test_versions_text_and_json(cli, tiny_db) -> None:
     assert vs[0]["commit_time"].startswith("2023-11-14T22:13:21")
 
 
-def test_tree_stub_exists_and_says_so(cli, tiny_db) -> None:
+def test_tree_on_a_plain_database_is_one_line_error(cli, tiny_db) -> None:
+    # ``tree`` shows Orbax checkpoints (tests/checkpoint); a bare database is not one.
     r = cli("tree", tiny_db.root)
     assert r.status == 1
-    assert "checkpoint reader" in r.err and "ocdbt ls" in r.err
-    assert "Traceback" not in r.err
+    assert "not an Orbax checkpoint" in r.err and "ocdbt ls" in r.err
+    assert "Traceback" not in r.err and r.err.count("\n") == 1
     assert cli("tree", "--help").status == 0
 
 

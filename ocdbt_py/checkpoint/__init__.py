@@ -1,0 +1,66 @@
+"""Read Orbax checkpoints without TensorStore or JAX.
+
+>>> from ocdbt_py import checkpoint
+>>> params = checkpoint.restore("/ckpts/1000/params")            # doctest: +SKIP
+>>> everything = checkpoint.restore("/ckpts")                    # latest step, every item
+>>> tree = checkpoint.metadata("/ckpts/1000/params")             # shapes, dtypes, no data
+>>> checkpoint.export_safetensors("/ckpts/1000/params", "model.safetensors")  # streamed
+
+Importing this package imports neither JAX nor TensorStore; JAX is imported only when a
+restore target contains JAX objects.  The on-disk layouts are described in ``spec/orbax.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ocdbt_py.checkpoint.export import export_npz, export_safetensors
+    from ocdbt_py.checkpoint.layout import UncommittedStepWarning
+    from ocdbt_py.checkpoint.meta import CheckpointInfo, LeafMetadata, list_steps, metadata
+    from ocdbt_py.checkpoint.reader import LazyArray
+    from ocdbt_py.checkpoint.restoring import restore
+    from ocdbt_py.checkpoint.saving import JsonItem, SaveHandle, save
+
+__all__ = [
+    "restore",
+    "metadata",
+    "list_steps",
+    "export_safetensors",
+    "export_npz",
+    "LeafMetadata",
+    "CheckpointInfo",
+    "LazyArray",
+    "UncommittedStepWarning",
+    "save",
+    "JsonItem",
+    "SaveHandle",
+]
+
+_WHERE = {
+    "restore": "ocdbt_py.checkpoint.restoring",
+    "metadata": "ocdbt_py.checkpoint.meta",
+    "list_steps": "ocdbt_py.checkpoint.meta",
+    "LeafMetadata": "ocdbt_py.checkpoint.meta",
+    "CheckpointInfo": "ocdbt_py.checkpoint.meta",
+    "export_safetensors": "ocdbt_py.checkpoint.export",
+    "export_npz": "ocdbt_py.checkpoint.export",
+    "LazyArray": "ocdbt_py.checkpoint.reader",
+    "UncommittedStepWarning": "ocdbt_py.checkpoint.layout",
+    "save": "ocdbt_py.checkpoint.saving.api",
+    "JsonItem": "ocdbt_py.checkpoint.saving.api",
+    "SaveHandle": "ocdbt_py.checkpoint.saving.async_save",
+}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _WHERE.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'ocdbt_py.checkpoint' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(mod), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

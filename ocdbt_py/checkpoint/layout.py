@@ -1,0 +1,276 @@
+"""Recognising what a directory is: an item, a step holding items, or a manager root.
+
+See ``spec/orbax.md`` sections 1 and 2 for the rules implemented here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import warnings
+from typing import Any
+
+from ocdbt_py.checkpoint.jsonio import read_json
+from ocdbt_py.errors import NotFoundError
+from ocdbt_py.kvstore.base import KvStore
+
+__all__ = [
+    "Kind",
+    "Listing",
+    "StepEntry",
+    "classify",
+    "list_steps",
+    "list_items",
+    "select_step",
+    "UncommittedStepWarning",
+    "TMP_SUFFIX",
+    "COMMIT_MARKER",
+    "RESERVED_ITEMS",
+    "json_item_file",
+    "dir_name",
+    "store_dir_name",
+    "parse_step_name",
+    "step_metadata",
+    "is_v1_checkpoint",
+]
+
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
+COMMIT_MARKER = "commit_success.txt"
+STEP_METADATA = "_CHECKPOINT_METADATA"
+V1_INDICATOR = "orbax.checkpoint"
+#: Item names Orbax reserves that never hold user data worth restoring by default.
+RESERVED_ITEMS = frozenset({"descriptor"})
+_STEP_NAME = re.compile(r"^(?:(?P<prefix>.*?)_)?(?P<step>[0-9]+)$")
+
+
+class UncommittedStepWarning(UserWarning):
+    """A step directory has no commit marker and was skipped."""
+
+
+class Kind(enum.Enum):
+    """What a checkpoint directory holds."""
+
+    PYTREE = "pytree"  #: one PyTree item (arrays, scalars, strings)
+    JSON = "json"  #: one JSON item (a ``metadata`` file)
+    JSON_DIR = "json_dir"  #: a directory of ``*.json`` files (e.g. ``process_metadata``)
+    STEP = "step"  #: a step directory holding named items
+    ROOT = "root"  #: a CheckpointManager root holding step directories
+
+
+@dataclasses.dataclass
+class Listing:
+    """The direct children of a directory."""
+
+    dirs: list[str]
+    files: list[str]
+
+    @classmethod
+    def of(cls, kv: KvStore, prefix: str = "") -> Listing:
+        d, f = kv.list_dir(prefix)
+        return cls(sorted(d), sorted(f))
+
+
+_PYTREE_FILES = ("_METADATA", "manifest.ocdbt", "checkpoint", "_sharding", "_strings.json")
+
+
+def _is_pytree(kv: KvStore, lst: Listing, prefix: str) -> bool:
+    if any(f in lst.files for f in _PYTREE_FILES):
+        return True
+    if any(d.startswith("ocdbt.process_") for d in lst.dirs):
+        return True
+    # ArrayCheckpointHandler: a single per-param dir named ``checkpoint``.
+    if "checkpoint" in lst.dirs:
+        return kv.exists(prefix + "checkpoint/.zarray") or kv.exists(prefix + "checkpoint/zarr.json")
+    return False
+
+
+def _data_files(lst: Listing) -> list[str]:
+    return [f for f in lst.files if f not in (COMMIT_MARKER, STEP_METADATA)]
+
+
+def _is_json_dir(lst: Listing) -> bool:
+    files = _data_files(lst)
+    return bool(files) and not lst.dirs and all(f.endswith(".json") for f in files)
+
+
+def json_item_file(lst: Listing, name: str | None = None) -> str | None:
+    """The file holding a JSON item's document: ``metadata`` (JsonCheckpointHandler's default),
+    or a file named like the item directory ``name`` itself (``metrics/metrics``)."""
+    if "metadata" in lst.files:
+        return "metadata"
+    if name and name in lst.files and not lst.dirs:
+        return name
+    return None
+
+
+def dir_name(prefix: str) -> str | None:
+    """The last path segment of a ``/``-terminated prefix (``None`` for the root)."""
+    p = prefix.rstrip("/")
+    return p.rsplit("/", 1)[-1] if p else None
+
+
+def store_dir_name(kv: KvStore) -> str | None:
+    """The directory name a store is rooted at, when known (prefix stores and local paths)."""
+    from ocdbt_py.kvstore.prefixed import PrefixStore
+
+    if isinstance(kv, PrefixStore) and kv.prefix:
+        return dir_name(kv.prefix)
+    url = kv.url.rstrip("/")
+    return url.rsplit("/", 1)[-1] if "/" in url else None
+
+
+def parse_step_name(name: str) -> int | None:
+    """The step number of a step directory name (``"12"``, ``"ckpt_000012"``), else ``None``."""
+    if TMP_SUFFIX in name:
+        return None
+    m = _STEP_NAME.match(name)
+    return int(m.group("step")) if m else None
+
+
+def classify(kv: KvStore, prefix: str = "", listing: Listing | None = None) -> Kind:
+    """Decide what the directory at ``prefix`` of ``kv`` holds.
+
+    Raises :class:`NotFoundError` when it is none of the known layouts.
+    """
+    lst = listing or Listing.of(kv, prefix)
+    if _is_pytree(kv, lst, prefix):
+        return Kind.PYTREE
+    if json_item_file(lst, dir_name(prefix) if prefix else store_dir_name(kv)) is not None:
+        return Kind.JSON
+    if STEP_METADATA in lst.files or V1_INDICATOR in lst.files:
+        return Kind.STEP
+    if any(parse_step_name(d) is not None for d in lst.dirs):
+        # A step dir is itself made of item dirs; a root is made of step dirs.  A step's items
+        # never have numeric names in practice, so numeric children mean a root.
+        return Kind.ROOT
+    if _is_json_dir(lst):
+        return Kind.JSON_DIR
+    items = [d for d in lst.dirs if TMP_SUFFIX not in d]
+    for d in items:
+        try:
+            kind = classify(kv, f"{prefix}{d}/")
+        except NotFoundError:
+            continue
+        if kind in (Kind.PYTREE, Kind.JSON):
+            return Kind.STEP
+    where = kv.url.rstrip("/") + ("/" + prefix.rstrip("/") if prefix else "")
+    if not lst.dirs and not lst.files:
+        raise NotFoundError(f"{where} does not exist or is empty (no Orbax checkpoint there)")
+    raise NotFoundError(f"{where} is not an Orbax checkpoint (no item, step or step directories found)")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepEntry:
+    """One finalized step directory of a manager root."""
+
+    step: int
+    name: str
+    committed: bool
+
+
+def _step_has_marker(kv: KvStore, name: str) -> bool:
+    return kv.exists(f"{name}/{COMMIT_MARKER}")
+
+
+def _renames_atomically(kv: KvStore) -> bool:
+    """``False`` for object stores (fsspec filesystems other than local ones), where Orbax and
+    ``ocdbt_py.checkpoint.save`` write in place and ``commit_success.txt`` is the only commit
+    point, so a step without it is unfinished even if no step has one."""
+    from ocdbt_py.kvstore.fsspec_store import FsspecStore
+    from ocdbt_py.kvstore.prefixed import PrefixStore
+
+    while isinstance(kv, PrefixStore):
+        kv = kv.base
+    if not isinstance(kv, FsspecStore):
+        return True
+    protos = kv.fs.protocol if isinstance(kv.fs.protocol, (tuple, list)) else (kv.fs.protocol,)
+    return bool(set(protos) & {"file", "local"})
+
+
+def list_steps(kv: KvStore, *, warn: bool = True) -> list[StepEntry]:
+    """The finalized steps under a manager root, sorted by step number.
+
+    Temporary directories (``*.orbax-checkpoint-tmp*``) are ignored.  A step without
+    ``commit_success.txt`` is an unfinished save, and is skipped with an
+    :class:`UncommittedStepWarning`, unless no step under the root has the marker at all (the
+    checkpoints then predate commit markers and were finalized by an atomic rename).
+    """
+    lst = Listing.of(kv)
+    candidates: list[tuple[int, str]] = []
+    for d in lst.dirs:
+        s = parse_step_name(d)
+        if s is not None:
+            candidates.append((s, d))
+    candidates.sort()
+    marks = [_step_has_marker(kv, d) for _, d in candidates] if len(candidates) < 4096 else None
+    if marks is None:  # very many steps: one listing instead of one request per step
+        have = {k.split("/", 1)[0] for k in kv.list() if k.endswith("/" + COMMIT_MARKER) and k.count("/") == 1}
+        marks = [d in have for _, d in candidates]
+    # Markerless steps are legacy rename-style saves only where directories rename atomically
+    # (local disks); on object stores an unmarked step is an unfinished in-place save.
+    any_marked = any(marks) or not _renames_atomically(kv)
+    out: list[StepEntry] = []
+    seen: dict[int, str] = {}
+    for (s, d), marked in zip(candidates, marks):
+        if any_marked and not marked:
+            if warn:
+                warnings.warn(
+                    f"skipping step {s} ({d}): it has no {COMMIT_MARKER}, so its save did not finish",
+                    UncommittedStepWarning,
+                    stacklevel=3,
+                )
+            continue
+        if s in seen:
+            warnings.warn(f"step {s} appears twice ({seen[s]!r} and {d!r}); using {seen[s]!r}", stacklevel=3)
+            continue
+        seen[s] = d
+        out.append(StepEntry(s, d, marked))
+    return out
+
+
+def select_step(kv: KvStore, step: int | None) -> StepEntry:
+    """The entry for ``step`` (the latest finalized step when ``None``)."""
+    steps = list_steps(kv)
+    if not steps:
+        raise NotFoundError(f"{kv.url}: no finalized step directories")
+    if step is None:
+        return steps[-1]
+    for e in steps:
+        if e.step == step:
+            return e
+    raise NotFoundError(f"{kv.url}: no finalized step {step} (have {[e.step for e in steps]})")
+
+
+def step_metadata(kv: KvStore, prefix: str = "") -> dict[str, Any] | None:
+    """The parsed ``_CHECKPOINT_METADATA`` of a step (or item) directory, if any."""
+    doc = read_json(kv, prefix + STEP_METADATA, 16 << 20)
+    return doc if isinstance(doc, dict) else None
+
+
+def list_items(kv: KvStore, prefix: str = "") -> dict[str, Kind]:
+    """The items of a step directory: ``{name: kind}`` in name order.
+
+    Temporary item dirs and unrecognised directories are left out; so is the reserved
+    ``descriptor`` item.
+    """
+    lst = Listing.of(kv, prefix)
+    meta = step_metadata(kv, prefix) or {}
+    handlers = meta.get("item_handlers")
+    names = [d for d in lst.dirs if TMP_SUFFIX not in d and d not in RESERVED_ITEMS]
+    out: dict[str, Kind] = {}
+    for name in names:
+        try:
+            kind = classify(kv, f"{prefix}{name}/")
+        except NotFoundError:
+            if isinstance(handlers, dict) and name in handlers:
+                warnings.warn(f"item {name!r} ({handlers[name]}) has no data this reader understands", stacklevel=2)
+            continue
+        if kind in (Kind.PYTREE, Kind.JSON, Kind.JSON_DIR):
+            out[name] = kind
+    return out
+
+
+def is_v1_checkpoint(kv: KvStore, prefix: str = "") -> bool:
+    """Whether the directory carries the v1 API's ``orbax.checkpoint`` indicator file."""
+    return kv.exists(prefix + V1_INDICATOR)

@@ -1,0 +1,385 @@
+"""``metadata()``: shapes, dtypes, chunking and stored sizes of a checkpoint without its data.
+
+Reads ``_METADATA``, the Zarr metadata of every array (one batched lookup) and, for OCDBT,
+the B-tree leaf entries (which record each value's length), never a chunk.  No JAX, no
+devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ocdbt_py.checkpoint.gcpause import paused_gc
+from ocdbt_py.checkpoint.item import ARRAY, EMPTY, INLINE, SCALAR, STRING, Leaf, PyTreeItem
+from ocdbt_py.checkpoint.jsonio import read_json
+from ocdbt_py.checkpoint.layout import Kind, Listing, StepEntry, json_item_file, store_dir_name
+from ocdbt_py.checkpoint.layout import list_steps as _list_steps
+from ocdbt_py.checkpoint.pytree import build_tree
+from ocdbt_py.checkpoint.restoring import PathLike, bare_array_leaf, handler_of, resolve
+from ocdbt_py.errors import CorruptionError, NotFoundError
+from ocdbt_py.kvstore import open_kvstore
+from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.prefixed import PrefixStore
+
+__all__ = ["LeafMetadata", "CheckpointInfo", "metadata", "list_steps", "item_metadata", "describe"]
+
+
+@dataclasses.dataclass(slots=True)
+class LeafMetadata:
+    """What is stored for one leaf.
+
+    ``kind`` is ``"array"`` (restored as an ndarray), ``"scalar"`` (a Python scalar),
+    ``"string"``, ``"empty"`` (``None`` or an empty container) or ``"inline"`` (a value kept
+    in a legacy msgpack file).  For arrays and scalars: ``shape``, ``dtype``, ``chunks`` (the
+    shape of one stored chunk, the unit a reader decodes), ``nbytes`` (in memory),
+    ``stored_bytes`` (on storage, compressed; ``None`` when unknown without extra requests),
+    ``chunks_stored`` (number of chunk values present), ``zarr_format``, ``codecs`` (names),
+    ``write_shape`` (the per-replica shape Orbax wrote) and ``sharding`` (from ``_sharding``,
+    as saved).  ``value`` holds the value of strings, empty and inline leaves.
+    """
+
+    name: str
+    path: tuple[str | int, ...]
+    kind: str
+    value_type: str
+    shape: tuple[int, ...] | None = None
+    dtype: np.dtype | None = None
+    chunks: tuple[int, ...] | None = None
+    nbytes: int | None = None
+    stored_bytes: int | None = None
+    chunks_stored: int | None = None
+    zarr_format: int | None = None
+    codecs: tuple[str, ...] = ()
+    write_shape: tuple[int, ...] | None = None
+    sharding: Any = None
+    random_key_impl: str | None = None
+    value: Any = None
+
+    @property
+    def nchunks(self) -> int | None:
+        """Number of chunks in the chunk grid."""
+        if self.shape is None or self.chunks is None:
+            return None
+        return math.prod(-(-s // c) if c else 0 for s, c in zip(self.shape, self.chunks))
+
+    def __repr__(self) -> str:
+        if self.kind in (ARRAY, SCALAR):
+            return f"LeafMetadata({self.name!r}, {self.dtype}{list(self.shape or ())}, chunks={self.chunks})"
+        return f"LeafMetadata({self.name!r}, {self.kind}, {self.value!r})"
+
+
+@dataclasses.dataclass
+class CheckpointInfo:
+    """One finalized step of a CheckpointManager root."""
+
+    step: int
+    name: str
+    committed: bool
+
+
+# -- Zarr metadata summaries --------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=256)
+def _dtype_v2(s: str) -> np.dtype:
+    from zarr3.dtypes import parse_dtype_v2
+
+    return parse_dtype_v2(s)[0].dtype
+
+
+@functools.lru_cache(maxsize=256)
+def _dtype_v3(s: str) -> np.dtype:
+    from zarr3.dtypes import parse_data_type_v3
+
+    return parse_data_type_v3(s).dtype
+
+
+def _ints(v: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+        raise CorruptionError(f"zarr metadata {what} is not a list of non-negative integers: {v!r}")
+    return tuple(v)
+
+
+def summarize_zarr(raw: bytes, v3: bool) -> dict[str, Any]:
+    """``shape``, ``dtype``, ``chunks``, ``grid``, ``codecs`` and ``zarr_format`` of a Zarr
+    metadata document, without building codecs (fast for many arrays)."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CorruptionError(f"zarr metadata is not JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise CorruptionError("zarr metadata is not a JSON object")
+    try:
+        if v3:
+            shape = _ints(doc.get("shape"), "shape")
+            dt = doc.get("data_type")
+            dtype = _dtype_v3(dt) if isinstance(dt, str) else _dtype_v3(json.dumps(dt))
+            grid = _ints(((doc.get("chunk_grid") or {}).get("configuration") or {}).get("chunk_shape"), "chunk_shape")
+            codecs = doc.get("codecs") or []
+            names = []
+            chunks = grid
+            for c in codecs if isinstance(codecs, list) else []:
+                c = {"name": c} if isinstance(c, str) else c
+                if not isinstance(c, dict):
+                    continue
+                names.append(str(c.get("name")))
+                if c.get("name") == "sharding_indexed":
+                    cfg = c.get("configuration") or {}
+                    chunks = _ints(cfg.get("chunk_shape"), "sharding chunk_shape")
+                    names.extend(str((x if isinstance(x, dict) else {"name": x}).get("name"))
+                                 for x in cfg.get("codecs") or [])
+            return {"shape": shape, "dtype": dtype, "chunks": chunks, "grid": grid, "codecs": tuple(names),
+                    "zarr_format": 3, "nbytes": math.prod(shape) * dtype.itemsize}
+        shape = _ints(doc.get("shape"), "shape")
+        if not isinstance(doc.get("dtype"), str):
+            raise CorruptionError(f"unsupported zarr v2 dtype {doc.get('dtype')!r}")
+        dtype = _dtype_v2(doc["dtype"])
+        grid = _ints(doc.get("chunks"), "chunks")
+        comp = doc.get("compressor")
+        names = [str(comp.get("id"))] if isinstance(comp, dict) else []
+        return {"shape": shape, "dtype": dtype, "chunks": grid, "grid": grid, "codecs": tuple(names),
+                "zarr_format": 2, "nbytes": math.prod(shape) * dtype.itemsize}
+    except (TypeError, ValueError, KeyError) as e:
+        if isinstance(e, CorruptionError):
+            raise
+        raise CorruptionError(f"malformed zarr metadata: {e}") from e
+
+
+def _local_sizes(kv: KvStore) -> bool:
+    from ocdbt_py.kvstore.local import LocalStore
+
+    while isinstance(kv, PrefixStore):
+        kv = kv.base
+    return isinstance(kv, LocalStore)
+
+
+def item_metadata(item: PyTreeItem, *, stored_sizes: bool | None = None) -> Any:
+    """The :class:`LeafMetadata` tree of an opened PyTree item."""
+    leaves = item.leaves
+    arrays = [leaf for leaf in leaves if leaf.kind in (ARRAY, SCALAR)]
+    params = list(dict.fromkeys(item.data_param(leaf) for leaf in arrays))
+    summaries: dict[str, dict[str, Any]] = {}
+    sizes: dict[str, tuple[int, int]] = {}
+    if params:
+        store = item.array_store
+        if store.databases:
+            raws, sizes = _scan_ocdbt(item, params, want_sizes=stored_sizes is not False)
+        else:
+            raws = _fetch_metadata(item, params)
+            if stored_sizes is True or (stored_sizes is None and _local_sizes(store.kv)):
+                sizes = _dir_sizes(item, params, raws)
+        parsed: dict[tuple[str, bytes], dict[str, Any]] = {}
+        for p in params:
+            got = raws.get(p)
+            if got is None:
+                raise CorruptionError(f"no Zarr metadata (.zarray or zarr.json) for array {p!r}", path=store.kv.url)
+            s = parsed.get(got)
+            if s is None:
+                try:
+                    s = parsed[got] = summarize_zarr(got[1], got[0] == "zarr.json")
+                except CorruptionError as e:
+                    raise CorruptionError(f"array {p!r}: {e.reason}", path=store.kv.url) from e
+            summaries[p] = s
+    shardings = item.shardings() if arrays else {}
+    ams = item.array_metadatas() if arrays else {}
+    strings_needed = any(leaf.kind == STRING for leaf in leaves)
+    values = [_leaf_metadata(item, leaf, summaries, sizes, shardings, ams, strings_needed) for leaf in leaves]
+    return build_tree([(leaf.keys, v) for leaf, v in zip(leaves, values)])
+
+
+def _scan_ocdbt(item: PyTreeItem, params: Sequence[str], *, want_sizes: bool
+                ) -> tuple[dict[str, tuple[str, bytes]], dict[str, tuple[int, int]]]:
+    """One pass over the B+tree leaves: Zarr metadata (inline there) and chunk value sizes."""
+    prefer = "zarr.json" if item.use_zarr3 else ".zarray"
+    wanted = {p.encode("utf-8", "surrogateescape"): p for p in params}
+    raws: dict[str, tuple[str, bytes]] = {}
+    out_of_line: dict[str, str] = {}
+    totals: dict[bytes, list[int]] = {pb: [0, 0] for pb in wanted}
+    for db in item.array_store.databases:
+        for e in db.entries():
+            k = e.key
+            last = k[-1]
+            if last == 0x79 and k.endswith(b"/.zarray"):  # 'y'
+                name, pb = ".zarray", k[:-8]
+            elif last == 0x6E and k.endswith(b"/zarr.json"):  # 'n'
+                name, pb = "zarr.json", k[:-10]
+            else:
+                if want_sizes:
+                    pb = k.rpartition(b"/")[0]
+                    while pb and pb not in totals:  # v3 keys "<p>/c/0/1"; names may hold "/"
+                        pb = pb.rpartition(b"/")[0]
+                    t = totals.get(pb)
+                    if t is not None:
+                        t[0] += e.size
+                        t[1] += 1
+                continue
+            p = wanted.get(pb)
+            if p is not None and (p not in raws or name == prefer):
+                if e.inline is not None:
+                    raws[p] = (name, e.inline)
+                else:
+                    out_of_line[p] = name
+    missing = [p for p in out_of_line if p not in raws]
+    if missing:
+        got = item.array_store.kv.get_many([f"{p}/{out_of_line[p]}" for p in missing])
+        for p, raw in zip(missing, got):
+            if raw is not None:
+                raws[p] = (out_of_line[p], raw)
+    sizes = {wanted[pb]: (t[0], t[1]) for pb, t in totals.items()} if want_sizes else {}
+    return raws, sizes
+
+
+def _fetch_metadata(item: PyTreeItem, params: Sequence[str]) -> dict[str, tuple[str, bytes]]:
+    kv = item.array_store.kv
+    first, second = ("zarr.json", ".zarray") if item.use_zarr3 else (".zarray", "zarr.json")
+    raws: dict[str, tuple[str, bytes]] = {}
+    pending = list(params)
+    for name in (first, second):
+        if not pending:
+            break
+        got = kv.get_many([f"{p}/{name}" for p in pending])
+        nxt = []
+        for p, raw in zip(pending, got):
+            if raw is None:
+                nxt.append(p)
+            else:
+                raws[p] = (name, raw)
+        pending = nxt
+    return raws
+
+
+def _dir_sizes(item: PyTreeItem, params: Sequence[str], raws: dict[str, tuple[str, bytes]]
+               ) -> dict[str, tuple[int, int]]:
+    """Chunk file sizes of per-parameter directories (one listing and one stat per file)."""
+    kv = item.array_store.kv
+    out: dict[str, tuple[int, int]] = {}
+    for p in params:
+        total = count = 0
+        v3 = raws.get(p, ("", b""))[0] == "zarr.json"
+        for key in kv.list(p + "/"):
+            rest = key[len(p) + 1:]
+            if rest in (".zarray", "zarr.json", ".zattrs"):
+                continue
+            if "/" in rest and not (v3 and (rest == "c" or rest.startswith("c/"))):
+                continue  # another param nested below this one (names with "/")
+            size = kv.size(key)
+            if size is not None:
+                total += size
+                count += 1
+        out[p] = (total, count)
+    return out
+
+
+def _leaf_metadata(item: PyTreeItem, leaf: Leaf, summaries: dict[str, dict[str, Any]],
+                   sizes: dict[str, tuple[int, int]], shardings: dict[str, Any],
+                   ams: dict[str, dict[str, Any]], strings: bool) -> LeafMetadata:
+    kind = leaf.kind
+    if kind in (ARRAY, SCALAR):
+        p = item.data_param(leaf)
+        s = summaries[p]
+        stored, nstored = sizes.get(p, (None, None))
+        md = LeafMetadata(leaf.param_name, leaf.path, kind, leaf.value_type, s["shape"], s["dtype"], s["chunks"],
+                          s["nbytes"], stored, nstored, s["zarr_format"], s["codecs"], leaf.write_shape,
+                          shardings.get(p) if shardings else None)
+        am = ams.get(p) if ams else None
+        if am is not None:
+            if md.write_shape is None and isinstance(am.get("write_shape"), list):
+                md.write_shape = tuple(am["write_shape"])
+            ext = am.get("ext_metadata")
+            if isinstance(ext, dict) and isinstance(ext.get("random_key_impl"), str):
+                md.random_key_impl = ext["random_key_impl"]
+        return md
+    md = LeafMetadata(leaf.param_name, leaf.path, kind, leaf.value_type, write_shape=leaf.write_shape)
+    if kind == STRING and strings:
+        md.value = item.string_value(leaf)
+    elif kind in (EMPTY, INLINE):
+        md.value = leaf.value
+        if isinstance(leaf.value, np.ndarray):
+            md.shape, md.dtype, md.nbytes = leaf.value.shape, leaf.value.dtype, leaf.value.nbytes
+    return md
+
+
+def _item_meta(kv: KvStore, kind: Kind, listing: Listing | None, stored_sizes: bool | None,
+               handler: str | None = None) -> Any:
+    if kind == Kind.JSON:
+        lst = listing or Listing.of(kv)
+        fname = json_item_file(lst, store_dir_name(kv))
+        return read_json(kv, fname) if fname else None
+    if kind == Kind.JSON_DIR:
+        lst = listing or Listing.of(kv)
+        return {f: read_json(kv, f) for f in lst.files if f.endswith(".json")}
+    with paused_gc():
+        item = PyTreeItem(kv, listing=listing)
+    try:
+        with paused_gc():
+            tree = item_metadata(item, stored_sizes=stored_sizes)
+        if bare_array_leaf(item, handler) is not None and isinstance(tree, dict):
+            return tree["checkpoint"]
+        return tree
+    finally:
+        item.close()
+
+
+def metadata(
+    path: PathLike,
+    *,
+    item: str | None = None,
+    step: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    stored_sizes: bool | None = None,
+) -> Any:
+    """The stored tree with a :class:`LeafMetadata` per leaf, reading no array data.
+
+    Accepts the same locations as :func:`~ocdbt_py.checkpoint.restore` (an item, a step with
+    several items -> ``{item: tree}``, a manager root -> its latest step or ``step=``).  JSON
+    items come back parsed.  ``stored_sizes`` (compressed bytes per array) is computed from
+    the OCDBT B-tree for free; for per-parameter directories it needs one request per chunk
+    file, so by default only local directories get it (``True`` forces, ``False`` skips).
+    """
+    r = resolve(path, step=step, storage_options=storage_options)
+    if r.kind == Kind.STEP:
+        items = r.items()
+        handlers = r.handlers()
+        if item is not None:
+            if item not in items:
+                raise NotFoundError(f"{r.kv.url} has no item {item!r} (items: {sorted(items)})")
+            return _item_meta(PrefixStore(r.kv, item), items[item], None, stored_sizes, handlers.get(item))
+        single = r.single_item(items)
+        if single is not None:
+            return _item_meta(PrefixStore(r.kv, single), items[single], None, stored_sizes, handlers.get(single))
+        return {name: _item_meta(PrefixStore(r.kv, name), kind, None, stored_sizes, handlers.get(name))
+                for name, kind in items.items()}
+    if item is not None:
+        raise ValueError(f"item={item!r} applies to a step directory")
+    return _item_meta(r.kv, r.kind, r.listing, stored_sizes, handler_of(r.kv))
+
+
+def list_steps(path: PathLike, *, storage_options: dict[str, Any] | None = None) -> list[CheckpointInfo]:
+    """The finalized steps of a CheckpointManager root, oldest first (uncommitted ones are
+    skipped with an :class:`~ocdbt_py.checkpoint.UncommittedStepWarning`)."""
+    kv = open_kvstore(path, storage_options, read_only=True)
+    entries: list[StepEntry] = _list_steps(kv)
+    return [CheckpointInfo(e.step, e.name, e.committed) for e in entries]
+
+
+def describe(md: LeafMetadata) -> str:
+    """A one-line human description: ``float32[8, 16] 512 B (chunks 2x8, zstd)``."""
+    if md.kind in (ARRAY, SCALAR):
+        shape = ", ".join(str(d) for d in md.shape or ())
+        extra = []
+        if md.chunks is not None and md.chunks != md.shape:
+            extra.append("chunks " + "x".join(str(c) for c in md.chunks))
+        if md.codecs:
+            extra.append("/".join(c for c in md.codecs if c not in ("bytes", "crc32c", "sharding_indexed")) or "raw")
+        tail = f" ({', '.join(extra)})" if extra else ""
+        return f"{md.dtype}[{shape}]{tail}"
+    if md.kind == STRING:
+        return f"str {md.value!r}" if md.value is not None else "str"
+    return repr(md.value)

@@ -1,0 +1,180 @@
+"""The ``_METADATA`` file of a PyTree item: one entry per leaf, plus format flags.
+
+See ``spec/orbax.md`` section 3.  Each ``tree_metadata`` entry names its leaf by a key path
+(``key_metadata``: names with a type, 1 = sequence index, 2 = dict key or attribute) and
+describes its value (``value_type``, ``skip_deserialize``, optional ``write_shape``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ocdbt_py.errors import CorruptionError
+
+__all__ = [
+    "KEY_SEQUENCE",
+    "KEY_DICT",
+    "Leaf",
+    "kind_of",
+    "ARRAY",
+    "SCALAR",
+    "STRING",
+    "EMPTY",
+    "INLINE",
+    "TreeMetadata",
+    "parse_tree_metadata",
+    "EMPTY_VALUE_TYPES",
+    "empty_value",
+]
+
+KEY_SEQUENCE = 1
+KEY_DICT = 2
+
+#: ``value_type`` strings that mark an empty value with no stored data.
+EMPTY_VALUE_TYPES = frozenset({"None", "Dict", "List", "Tuple", "NamedTuple"})
+
+_MAX_DEPTH = 1000
+
+
+def empty_value(value_type: str) -> Any:
+    """The Python value Orbax restores for an empty-value marker (a fresh object each call)."""
+    if value_type == "Dict":
+        return {}
+    if value_type == "List":
+        return []
+    if value_type == "Tuple":
+        return ()
+    return None  # "None", and "NamedTuple" without rich types
+
+
+ARRAY = "array"  #: a Zarr array, restored as an ndarray
+SCALAR = "scalar"  #: a 0-d Zarr array, restored as a Python scalar
+STRING = "string"  #: a value in ``_strings.json``
+EMPTY = "empty"  #: None or an empty container, no stored data
+INLINE = "inline"  #: a value held in the legacy msgpack file
+
+_KINDS = {"jax.Array": ARRAY, "np.ndarray": ARRAY, "scalar": SCALAR, "string": STRING,
+          **{t: EMPTY for t in EMPTY_VALUE_TYPES}}
+
+
+def kind_of(value_type: str) -> str:
+    """Where a leaf of this Orbax ``value_type`` keeps its value (unknown types: an array)."""
+    return _KINDS.get(value_type, ARRAY)
+
+
+class Leaf:
+    """One leaf of a stored tree.
+
+    ``keys`` is the key path (``(name, key_type)`` pairs, key_type 1: sequence index, 2: dict
+    key); ``kind`` says where the value lives (:data:`ARRAY`, :data:`SCALAR`, :data:`STRING`,
+    :data:`EMPTY`, :data:`INLINE`); ``value_type`` is Orbax's type string (``"jax.Array"``,
+    ``"np.ndarray"``, ``"scalar"``, ``"string"``, ``"None"``, ...); ``value`` holds the value of
+    EMPTY and INLINE leaves (and, for a legacy placeholder naming another param, that param's
+    name); ``write_shape`` is the per-replica shape Orbax recorded.  ``param_name`` is Orbax's
+    name for the leaf's data (key names joined with ``.``); ``names`` the key names; ``path``
+    the key path with sequence indices as ``int``.
+    """
+
+    __slots__ = ("keys", "kind", "value_type", "write_shape", "value", "param_name", "names", "path")
+
+    def __init__(self, keys: tuple[tuple[str, int], ...], kind: str, value_type: str,
+                 write_shape: tuple[int, ...] | None = None, value: Any = None, *,
+                 names: tuple[str, ...] | None = None, seq: bool | None = None):
+        self.keys = keys
+        self.kind = kind
+        self.value_type = value_type
+        self.write_shape = write_shape
+        self.value = value
+        if names is None:
+            names = tuple([k for k, _ in keys])
+        if seq is None:
+            seq = any(t == KEY_SEQUENCE for _, t in keys)
+        self.names: tuple[str, ...] = names
+        self.param_name: str = ".".join(names)
+        self.path: tuple[str | int, ...] = (
+            tuple([int(k) if t == KEY_SEQUENCE else k for k, t in keys]) if seq else names
+        )
+
+    @classmethod
+    def of_type(cls, keys: tuple[tuple[str, int], ...], value_type: str,
+                write_shape: tuple[int, ...] | None = None, *, names: tuple[str, ...] | None = None,
+                seq: bool | None = None) -> Leaf:
+        """A leaf whose kind (and empty value) follow from its Orbax ``value_type``."""
+        kind = _KINDS.get(value_type, ARRAY)
+        return cls(keys, kind, value_type, write_shape, empty_value(value_type) if kind == EMPTY else None,
+                   names=names, seq=seq)
+
+    def __repr__(self) -> str:
+        return f"Leaf({self.param_name!r}, {self.kind}, {self.value_type!r})"
+
+
+@dataclasses.dataclass
+class TreeMetadata:
+    """Parsed ``_METADATA``."""
+
+    leaves: list[Leaf]
+    use_ocdbt: bool | None = None
+    use_zarr3: bool = False
+    store_array_data_equal_to_fill_value: bool = False
+    custom_metadata: Any = None
+    has_rich_value_tree: bool = False
+
+
+def _bad(msg: str) -> CorruptionError:
+    return CorruptionError(f"_METADATA: {msg}")
+
+
+def _parse_entry(name: str, raw: Any) -> Leaf:
+    try:
+        km = raw["key_metadata"]
+        vm = raw["value_metadata"]
+        vt = vm["value_type"]
+        if type(km) is not list or type(vt) is not str:
+            raise TypeError("key_metadata is not a list or value_type not a string")
+        if len(km) > _MAX_DEPTH:
+            raise _bad(f"entry {name!r} is nested deeper than {_MAX_DEPTH}")
+        names = []
+        keys = []
+        seq = False
+        for k in km:
+            n = k["key"]
+            t = k.get("key_type", KEY_DICT)
+            if type(n) is not str or type(t) is not int:
+                raise TypeError(f"malformed key {k!r}")
+            if t != KEY_DICT:
+                if t != KEY_SEQUENCE or not n.isdigit():
+                    raise TypeError(f"key {n!r} has key_type {t!r}")
+                seq = True
+            names.append(n)
+            keys.append((n, t))
+        ws = vm.get("write_shape")
+    except (TypeError, KeyError, AttributeError) as e:
+        raise _bad(f"entry {name!r} is malformed ({e})") from e
+    write_shape: tuple[int, ...] | None = None
+    if type(ws) is list and all(type(d) is int and d >= 0 for d in ws):
+        write_shape = tuple(ws)
+    return Leaf.of_type(tuple(keys), vt, write_shape, names=tuple(names), seq=seq)
+
+
+def parse_tree_metadata(doc: Any) -> TreeMetadata:
+    """Parse the JSON document of ``_METADATA``; raise :class:`CorruptionError` if malformed."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("tree_metadata"), dict):
+        raise _bad("no tree_metadata object")
+    leaves = [_parse_entry(k, v) for k, v in doc["tree_metadata"].items()]
+    # An empty-container placeholder followed later by descendants (partial saves): drop the
+    # placeholder, as Orbax does.
+    empties = {e.keys for e in leaves if e.value_type in EMPTY_VALUE_TYPES}
+    if empties:
+        prefixes = {e.keys[:i] for e in leaves for i in range(1, len(e.keys)) if e.keys[:i] in empties}
+        if prefixes:
+            leaves = [e for e in leaves if e.keys not in prefixes]
+    use_ocdbt = doc.get("use_ocdbt")
+    return TreeMetadata(
+        leaves=leaves,
+        use_ocdbt=use_ocdbt if isinstance(use_ocdbt, bool) else None,
+        use_zarr3=bool(doc.get("use_zarr3", False)),
+        store_array_data_equal_to_fill_value=bool(doc.get("store_array_data_equal_to_fill_value", False)),
+        custom_metadata=doc.get("custom_metadata"),
+        has_rich_value_tree=isinstance(doc.get("value_metadata_tree"), str),
+    )
