@@ -5,12 +5,19 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import os
+import threading
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
-from ocdbt_py.btree_read import iterate, lookup, lookup_many
+from ocdbt_py.btree_read import iterate, iterate_keys, lookup, lookup_many
 from ocdbt_py.cache import LruCache
-from ocdbt_py.errors import NotFoundError, ReadOnlyError, UnsupportedError
+from ocdbt_py.errors import (
+    ConditionFailedError,
+    InvalidKeyError,
+    NotFoundError,
+    ReadOnlyError,
+    UnsupportedError,
+)
 from ocdbt_py.format.btree import MAX_KEY_LENGTH
 from ocdbt_py.format.config import MANIFEST_KIND_NUMBERED, Config
 from ocdbt_py.format.data_file_table import IndirectDataReference
@@ -21,8 +28,17 @@ from ocdbt_py.kvstore.base import ByteRange, ReadRequest, check_range, normalize
 from ocdbt_py.node_reader import NodeReader
 from ocdbt_py.timeutil import format_nanoseconds, to_nanoseconds
 from ocdbt_py.version_read import all_versions, find_generation, find_time, read_manifest
+from ocdbt_py.write.mutations import ANY as _ANY
 
 __all__ = ["open", "OcdbtStore", "VersionInfo", "Entry", "Version"]
+
+#: Serialises view updates of writable stores shared between threads.
+_VIEW_LOCK = threading.Lock()
+
+if TYPE_CHECKING:
+    from ocdbt_py.write.commit import Writer
+    from ocdbt_py.write.transaction import Transaction
+
 
 #: A version selector: a generation number, an ISO-8601 time string, or a ``datetime``.
 Version = Union[int, str, _dt.datetime]
@@ -37,7 +53,7 @@ def _key(key: KeyLike) -> bytes:
     else:
         raise TypeError(f"keys are bytes or str, not {type(key).__name__}")
     if len(k) > MAX_KEY_LENGTH:
-        raise ValueError(f"key of {len(k)} bytes exceeds {MAX_KEY_LENGTH}")
+        raise InvalidKeyError(f"key of {len(k)} bytes exceeds {MAX_KEY_LENGTH}")
     return k
 
 
@@ -72,11 +88,13 @@ class VersionInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """A key with where its value lives: ``location`` is ``None`` for inline values."""
+    """A key with where its value lives: ``location`` is ``None`` for inline values, whose
+    bytes are then in ``inline`` (free: they are stored in the B+tree leaf)."""
 
     key: bytes
     size: int
     location: IndirectDataReference | None
+    inline: bytes | None = None
 
 
 class OcdbtStore:
@@ -92,28 +110,53 @@ class OcdbtStore:
         *,
         version: Version | None = None,
         cache_bytes: int = 64 << 20,
+        writer: Writer | None = None,
     ):
         self.kvstore = kv
         self._cache: LruCache[object] = LruCache(cache_bytes)
         self._version_spec = version
+        self._writer = writer
         self._load()
 
     def _load(self) -> None:
-        manifest, key = read_manifest(self.kvstore)
-        self._manifest = manifest
-        self._manifest_key = key
-        self._reader = NodeReader(self.kvstore, manifest.config, self._cache)
-        self._selected = self._select(self._version_spec)
+        if self._writer is not None:
+            manifest, key = self._writer.load()
+        else:
+            manifest, key = read_manifest(self.kvstore)
+        self._set_manifest(manifest, key)
+
+    def _set_manifest(self, manifest: Manifest, key: str) -> None:
+        reader: NodeReader | None = getattr(self, "_reader", None)
+        if reader is None or reader.config != manifest.config:
+            reader = NodeReader(self.kvstore, manifest.config, self._cache)
+        selected = self._select_in(manifest, reader, self._version_spec)
+        with _VIEW_LOCK:
+            old: Manifest | None = getattr(self, "_manifest", None)
+            if (
+                getattr(self, "_writer", None) is not None and old is not None and old.versions
+                and manifest.versions and old.config.uuid == manifest.config.uuid
+                and manifest.latest.generation_number < old.latest.generation_number
+            ):
+                return  # threads sharing a writable store: never move the view backwards
+            self._manifest = manifest
+            self._manifest_key = key
+            self._reader = reader
+            self._selected = selected
 
     def _select(self, version: Version | None) -> BtreeGenerationReference | None:
-        m = self._manifest
+        return self._select_in(self._manifest, self._reader, version)
+
+    @staticmethod
+    def _select_in(
+        m: Manifest, reader: NodeReader, version: Version | None
+    ) -> BtreeGenerationReference | None:
         if version is None:
             return m.versions[-1] if m.versions else None
         if isinstance(version, bool) or not isinstance(version, (int, str, _dt.datetime)):
             raise TypeError(f"version must be an int, ISO-8601 str or datetime, not {type(version).__name__}")
         if isinstance(version, int):
-            return find_generation(self._reader, m, version)
-        return find_time(self._reader, m, to_nanoseconds(version))
+            return find_generation(reader, m, version)
+        return find_time(reader, m, to_nanoseconds(version))
 
     # -- metadata ----------------------------------------------------------------------------
     @property
@@ -138,8 +181,8 @@ class OcdbtStore:
 
     @property
     def read_only(self) -> bool:
-        """Always true for now: writing arrives with the writer."""
-        return True
+        """Whether this store was opened without write access (``mode="r"`` or at a version)."""
+        return self._writer is None
 
     def refresh(self) -> None:
         """Re-read the manifest (only meaningful when opened at the latest version)."""
@@ -151,6 +194,7 @@ class OcdbtStore:
         other.kvstore = self.kvstore
         other._cache = self._cache
         other._version_spec = version
+        other._writer = None
         other._manifest = self._manifest
         other._manifest_key = self._manifest_key
         other._reader = self._reader
@@ -268,8 +312,7 @@ class OcdbtStore:
     ) -> Iterator[bytes]:
         """Keys starting with ``prefix`` within ``[start, stop)``, in byte order."""
         lo, hi = self._bounds(prefix, start, stop)
-        for k, _ in iterate(self._reader, self._root(), lo, hi):
-            yield k
+        return iterate_keys(self._reader, self._root(), lo, hi)
 
     def entries(
         self, prefix: KeyLike = b"", start: KeyLike | None = None, stop: KeyLike | None = None
@@ -278,7 +321,7 @@ class OcdbtStore:
         lo, hi = self._bounds(prefix, start, stop)
         for k, v in iterate(self._reader, self._root(), lo, hi):
             if isinstance(v, bytes):
-                yield Entry(k, len(v), None)
+                yield Entry(k, len(v), None, v)
             else:
                 yield Entry(k, v.length, v)
 
@@ -313,14 +356,80 @@ class OcdbtStore:
         """This database as a read-only :class:`KvStore` with ``str`` keys (for zarr3 etc.)."""
         return OcdbtKvStore(self)
 
-    # -- writing (arrives with the writer) --------------------------------------------------------
-    def put(self, key: KeyLike, value: bytes) -> int:
-        """Not available on a read-only store."""
-        raise ReadOnlyError(f"{self.url} is opened read-only")
+    # -- writing ------------------------------------------------------------------------------
+    def _require_writer(self) -> Writer:
+        if self._writer is None:
+            why = "at a fixed version" if self._version_spec is not None else "read-only (mode='r')"
+            raise ReadOnlyError(f"{self.url} is opened {why}; open it with mode='a' to write")
+        return self._writer
 
-    def delete(self, key: KeyLike) -> int:
-        """Not available on a read-only store."""
-        raise ReadOnlyError(f"{self.url} is opened read-only")
+    def transaction(self) -> Transaction:
+        """Start an atomic transaction (use it as a context manager); see :mod:`ocdbt_py.write`."""
+        from ocdbt_py.write.transaction import Transaction
+
+        self._require_writer()
+        return Transaction(self)
+
+    def put(self, key: KeyLike, value: Any, *, if_equal: Any = _ANY) -> int:
+        """Set ``key`` to ``value`` in one commit; returns the new generation.
+
+        ``value`` is bytes-like or a binary file object (read to its end).  ``if_equal``
+        makes the commit conditional on the current value (``None``: on the key being absent).
+        """
+        t = self.transaction()
+        t.put(key, value, if_equal=if_equal)
+        return t.commit()
+
+    def __setitem__(self, key: KeyLike, value: Any) -> None:
+        self.put(key, value)
+
+    def delete(self, key: KeyLike, *, if_equal: Any = _ANY) -> int:
+        """Delete ``key`` in one commit (an absent key still makes a generation)."""
+        t = self.transaction()
+        t.delete(key, if_equal=if_equal)
+        return t.commit()
+
+    def __delitem__(self, key: KeyLike) -> None:
+        self.delete(key)
+
+    def delete_range(self, start: KeyLike = b"", stop: KeyLike | None = None) -> int:
+        """Delete every key in ``[start, stop)`` in one commit (``stop=None``: to the end)."""
+        t = self.transaction()
+        t.delete_range(start, stop)
+        return t.commit()
+
+    def commit(self, mutations: Any = None) -> int:
+        """Commit pending changes; returns the latest generation.
+
+        With no argument this only returns the current generation (every write method on the
+        store commits by itself); a :class:`~ocdbt_py.write.transaction.Transaction` commits
+        with ``t.commit()``.
+        """
+        self._require_writer()
+        if mutations is None:
+            return self.generation
+        return self._commit_mutations(mutations)
+
+    def _commit_mutations(self, muts: Any) -> int:
+        try:
+            result = self._require_writer().commit(muts)
+        except ConditionFailedError:
+            self.refresh()  # show the version the condition was checked against
+            raise
+        self._set_manifest(result.manifest, result.manifest_key)
+        return result.generation
+
+    def _snapshot(self) -> tuple[tuple[IndirectDataReference | None, int], NodeReader]:
+        return self._root(), self._reader
+
+    @staticmethod
+    def _lookup_raw(snapshot: Any, key: bytes) -> bytes | IndirectDataReference | None:
+        root, reader = snapshot
+        return lookup(reader, root, key)
+
+    @staticmethod
+    def _read_ref(snapshot: Any, ref: IndirectDataReference) -> bytes:
+        return bytes(snapshot[1].read(ref))
 
     def close(self) -> None:
         """Release the node cache and the underlying store."""
@@ -349,12 +458,28 @@ def _prefix_end(p: bytes) -> bytes | None:
 
 
 class OcdbtKvStore(KvStore):
-    """Read-only :class:`KvStore` view of an :class:`OcdbtStore` (keys as UTF-8 ``str``)."""
+    """:class:`KvStore` view of an :class:`OcdbtStore` (keys as UTF-8 ``str``).
 
-    read_only = True
+    Writable when the store is (each ``set``/``delete`` is then one commit; for many writes use
+    a transaction's ``as_kvstore()``).
+    """
 
     def __init__(self, db: OcdbtStore):
         self.db = db
+
+    @property
+    def read_only(self) -> bool:  # type: ignore[override]
+        return self.db.read_only
+
+    def set(self, key: str, value: bytes | bytearray | memoryview) -> None:
+        if self.db.read_only:
+            raise ReadOnlyError(f"{self.url} is read-only")
+        self.db.put(key.encode("utf-8", "surrogateescape"), value)
+
+    def delete(self, key: str) -> None:
+        if self.db.read_only:
+            raise ReadOnlyError(f"{self.url} is read-only")
+        self.db.delete(key.encode("utf-8", "surrogateescape"))
 
     @property
     def url(self) -> str:
@@ -386,9 +511,31 @@ def open(
 
     ``version`` selects a generation (int), or the latest commit at or before a time (ISO-8601
     string or ``datetime``).  Raises :class:`NotFoundError` when there is no database there.
+
+    ``mode``: ``"r"`` read-only; ``"r+"`` read-write on an existing database; ``"a"``
+    read-write, creating the database on the first commit if there is none (opening never
+    creates files).  Writing needs a backend with atomic conditional writes (local
+    directories, :class:`~ocdbt_py.kvstore.MemoryStore`).  ``config`` takes TensorStore's
+    config names (``max_inline_value_bytes``, ``max_decoded_node_bytes``,
+    ``version_tree_arity_log2``, ``compression``, ``manifest_kind``, ``uuid``): choices for a
+    new database, constraints that must match an existing one.  It also takes the writer
+    options ``target_data_file_size``, ``value_data_prefix``, ``btree_node_data_prefix``,
+    ``version_tree_node_data_prefix`` and ``assume_config``.  See :mod:`ocdbt_py.write`.
     """
+    if mode not in ("r", "r+", "a"):
+        raise ValueError(f"mode must be 'r', 'r+' or 'a', not {mode!r}")
     if mode != "r":
-        raise UnsupportedError(f"mode {mode!r}: only read-only access ('r') is implemented so far")
+        if version is not None:
+            raise UnsupportedError("writing is not supported with version= specified")
+        from ocdbt_py.write import open_writer
+
+        kv = open_kvstore(location, storage_options)
+        writer = open_writer(kv, config, cache_bytes=cache_bytes)
+        store = OcdbtStore(kv, cache_bytes=cache_bytes, writer=writer)
+        writer.cache = store._cache  # nodes the writer creates are served to reads
+        if mode == "r+" and store.generation == 0 and not store.manifest.versions:
+            raise NotFoundError(f"no OCDBT database at {kv.url} (mode 'r+' does not create one)")
+        return store
     if config is not None:
         raise UnsupportedError("config= applies when creating a database, which needs mode='a'")
     kv = open_kvstore(location, storage_options, read_only=True)

@@ -136,6 +136,13 @@ class KvStore(abc.ABC):
         """Store ``value`` at ``key``, replacing any previous value."""
         raise ReadOnlyError(f"{self.url} is read-only")
 
+    def set_parts(self, key: str, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+        """Store the concatenation of ``parts`` at ``key``.
+
+        Backends that can stream override this so large values are never joined in memory.
+        """
+        self.set(key, parts[0] if len(parts) == 1 else b"".join(parts))
+
     def delete(self, key: str) -> None:
         """Remove ``key``; removing an absent key is not an error."""
         raise ReadOnlyError(f"{self.url} is read-only")

@@ -1,9 +1,10 @@
 """A :class:`KvStore` on a local directory, using the OS directly for speed.
 
-Writes go to a temporary file that is renamed into place, so readers never see a partial
-value.  Conditional writes are atomic between cooperating processes: "only if absent" uses
-``os.link`` (which fails if the target exists) and compare-and-swap holds an exclusive
-``flock`` on a sibling ``<key>.__lock`` file while it checks the generation and renames.
+Writes go to a temporary file that is renamed into place (then the directory is synced), so
+readers never see a partial value.  Conditional writes are atomic between processes, and
+follow TensorStore's file-driver protocol so both libraries can commit to one database: the
+writer holds an exclusive lock on a sibling ``<key>.__lock`` file while it checks the
+generation, writes the new value into that lock file and renames it over the key.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import hashlib
 import os
 import stat
+import struct
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from ocdbt_py.errors import ConditionFailedError, ReadOnlyError, StorageError, UnsupportedError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, check_range, normalize_request
@@ -32,8 +36,13 @@ _LOCK_SUFFIX = ".__lock"
 _TMP_MARK = ".__tmp."
 
 
-def _generation(st: os.stat_result) -> str:
-    return f"{st.st_ino:x}.{st.st_mtime_ns:x}.{st.st_size:x}"
+#: Values up to this size get a content digest in their generation.
+_HASH_LIMIT = 64 << 20
+
+
+def _generation(st: os.stat_result, data: bytes | None = None) -> str:
+    digest = hashlib.blake2b(data, digest_size=12).hexdigest() if data is not None else "-"
+    return f"{st.st_dev:x}.{st.st_ino:x}.{st.st_mtime_ns:x}.{st.st_size:x}.{digest}"
 
 
 class LocalStore(KvStore):
@@ -163,16 +172,15 @@ class LocalStore(KvStore):
         if self.read_only:
             raise ReadOnlyError(f"{self.url} is read-only")
 
-    def _write_temp(self, path: str, value: bytes | bytearray | memoryview) -> str:
+    def _write_temp(self, path: str, value: bytes | bytearray | memoryview | Sequence[Any]) -> str:
         d = os.path.dirname(path)
         os.makedirs(d, exist_ok=True)
         tmp = f"{path}{_TMP_MARK}{uuid.uuid4().hex}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o644)
         try:
-            view = memoryview(value).cast("B")
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
+            parts: Sequence[Any] = [value] if isinstance(value, (bytes, bytearray, memoryview)) else value
+            for part in parts:
+                _write_all(fd, part)
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -183,11 +191,16 @@ class LocalStore(KvStore):
         return tmp
 
     def set(self, key: str, value: bytes | bytearray | memoryview) -> None:
+        self.set_parts(key, [value])
+
+    def set_parts(self, key: str, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+        """Store the concatenation of ``parts`` without joining them in memory."""
         path = self._path(key)
         self._check_writable()
         try:
-            tmp = self._write_temp(path, value)
+            tmp = self._write_temp(path, parts)
             os.replace(tmp, path)
+            _fsync_dir(os.path.dirname(path))
         except OSError as e:
             raise self._fail("writing", key, e) from e
 
@@ -204,60 +217,145 @@ class LocalStore(KvStore):
     def get_with_generation(self, key: str) -> tuple[bytes | None, str | None]:
         path = self._path(key)
         try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                data = f.read()
-        except (FileNotFoundError, NotADirectoryError):
-            return None, None
+            return _read_with_generation(path)
         except OSError as e:
             raise self._fail("reading", key, e) from e
-        return data, _generation(st)
 
     def set_if(
         self, key: str, value: bytes | bytearray | memoryview, *, if_generation: str | None
     ) -> str:
+        """Compare-and-swap with TensorStore's file-driver protocol (so both can share a key).
+
+        The writer takes an exclusive open-file-description lock on ``<key>.__lock`` (making
+        sure it still is the file at that path), checks the condition, then writes the new
+        value into the lock file, syncs it and renames it over ``<key>``; on a failed
+        condition it removes the lock file.  The generation includes a content digest, so an
+        inode reused within one timestamp tick cannot fake an unchanged generation.
+        """
         path = self._path(key)
         self._check_writable()
         if fcntl is None:  # pragma: no cover
             raise UnsupportedError(f"{self.url}: conditional writes need POSIX file locks")
+        lock_path = path + _LOCK_SUFFIX
         try:
-            tmp = self._write_temp(path, value)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = _acquire_lock(lock_path)
         except OSError as e:
-            raise self._fail("writing", key, e) from e
+            raise self._fail("locking", key, e) from e
+        keep_lock_file = False
         try:
-            lock_fd = os.open(path + _LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX)
-                try:
-                    st = os.stat(path)
-                    current: str | None = _generation(st)
-                except FileNotFoundError:
-                    current = None
-                if current != if_generation:
-                    raise ConditionFailedError(
-                        f"conditional write of {self.url}/{key} failed: "
-                        f"generation {current} != expected {if_generation}"
-                    )
-                if if_generation is None:
-                    try:
-                        os.link(tmp, path)
-                    except OSError as e:
-                        if e.errno == errno.EEXIST:
-                            raise ConditionFailedError(
-                                f"conditional write of {self.url}/{key} failed: it exists"
-                            ) from e
-                        raise
-                    os.unlink(tmp)
-                else:
-                    os.replace(tmp, path)
-                return _generation(os.stat(path))
-            finally:
-                os.close(lock_fd)
-        except OSError as e:
-            raise self._fail("writing", key, e) from e
+                current = _read_with_generation(path)[1]
+            except OSError as e:
+                raise self._fail("reading", key, e) from e
+            if current != if_generation:
+                raise ConditionFailedError(
+                    f"conditional write of {self.url}/{key} failed: "
+                    + ("it exists" if if_generation is None else "it changed since it was read")
+                )
+            try:
+                if os.fstat(fd).st_size:  # a stale lock file left by a crashed writer
+                    # (truncating only then: on ext4 a truncate is a journaled orphan-list
+                    # update that makes the following fsync and rename several times slower)
+                    os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
+                _write_all(fd, value)
+                os.fsync(fd)
+                st = os.fstat(fd)
+                os.rename(lock_path, path)
+                keep_lock_file = True
+                _fsync_dir(os.path.dirname(path))
+            except OSError as e:
+                raise self._fail("writing", key, e) from e
+            return _generation(st, bytes(memoryview(value).cast("B")) if st.st_size <= _HASH_LIMIT else None)
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            if not keep_lock_file:
+                with contextlib.suppress(OSError):
+                    os.unlink(lock_path)
+            os.close(fd)
+
+
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.write(fd, view[: 1 << 30])
+        view = view[n:]
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a rename in ``path`` durable (best effort where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _lock_fd(fd: int) -> None:
+    """Block until ``fd`` holds an exclusive lock (OFD lock on Linux, as TensorStore uses)."""
+    assert fcntl is not None
+    ofd = getattr(fcntl, "F_OFD_SETLKW", None)
+    if ofd is not None:
+        # struct flock: l_type, l_whence, l_start, l_len, l_pid (native layout)
+        arg = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0) + bytes(16)
+        while True:
+            try:
+                fcntl.fcntl(fd, ofd, arg)
+                return
+            except InterruptedError:
+                continue
+            except OSError as e:
+                if e.errno in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    break
+                raise
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def _acquire_lock(lock_path: str) -> int:
+    """Open and lock ``lock_path``, retrying until the locked file is the one at that path."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(lock_path, flags, 0o644)
+    while True:
+        try:
+            _lock_fd(fd)
+            other = os.open(lock_path, flags, 0o644)
+        except BaseException:
+            os.close(fd)
+            raise
+        a, b = os.fstat(fd), os.fstat(other)
+        if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+            os.close(other)
+            return fd
+        os.close(fd)  # the previous owner renamed or removed it: lock the new file
+        fd = other
+
+
+_NOATIME = getattr(os, "O_NOATIME", 0)
+
+
+def _read_with_generation(path: str) -> tuple[bytes | None, str | None]:
+    flags = os.O_RDONLY | getattr(os, "O_BINARY", 0)
+    try:
+        try:
+            # no access-time update: it would add a journaled metadata write to every commit
+            fd = os.open(path, flags | _NOATIME)
+        except PermissionError:  # O_NOATIME needs ownership of the file
+            fd = os.open(path, flags)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None, None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, None
+        data = _read_exact(fd, 0, st.st_size)
+    finally:
+        os.close(fd)
+    return data, _generation(st, data if len(data) <= _HASH_LIMIT else None)
 
 
 def _read_exact(fd: int, offset: int, n: int) -> bytes:
