@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,dev,http]'
+	# Azure's storage emulator for the object-store tests (Node >= 18), kept inside .venv
+	npm install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error azurite@3.37.0
 	@touch $(STAMP)
 
 demo: setup

@@ -47,20 +47,54 @@ def open_kvstore(
 ) -> KvStore:
     """Return a :class:`KvStore` for a local path, a ``file://`` URL or any fsspec URL.
 
-    Local paths use the fast :class:`LocalStore`; everything else goes through
-    :class:`FsspecStore` with ``storage_options`` passed to fsspec.  A :class:`KvStore` is
-    returned unchanged.
+    Local paths use the fast :class:`LocalStore`; ``s3://``, ``gs://``/``gcs://`` and
+    ``az://``/``abfs://`` URLs use the object-store backends (atomic conditional writes through
+    each service's preconditions); everything else goes through :class:`FsspecStore`.
+    ``storage_options`` go to fsspec, except ``single_writer=True``, which allows committing
+    where the storage cannot make conditional writes atomic (safe only with one writer
+    process).  A :class:`KvStore` is returned unchanged.
     """
     if isinstance(location, KvStore):
         return location
     loc = os.fspath(location)
     if not isinstance(loc, str):
         raise TypeError(f"expected a path or URL, got {type(location).__name__}")
-    if not storage_options:
+    if not storage_options or set(storage_options) == {"single_writer"}:  # local: always atomic
         if loc.startswith("file://") and "::" not in loc:
             return LocalStore(loc[len("file://"):], read_only=read_only)
         if not _URL.match(loc) and "::" not in loc:
             return LocalStore(loc, read_only=read_only)
+    backend = _object_store_class(loc)
+    if backend is not None:
+        return backend.from_url(loc, storage_options, read_only=True if read_only else None)
     from ocdbt_py.kvstore.fsspec_store import FsspecStore
 
-    return FsspecStore.from_url(loc, storage_options, read_only=True if read_only else None)
+    opts = dict(storage_options or {})
+    single_writer = bool(opts.pop("single_writer", False))
+    store = FsspecStore.from_url(loc, opts, read_only=True if read_only else None)
+    if single_writer and not store.read_only:
+        from ocdbt_py.kvstore.single_writer import SingleWriterStore
+
+        return SingleWriterStore(store)
+    return store
+
+
+def _object_store_class(loc: str) -> Any:
+    """The object-store backend for an ``s3://``, ``gs://``/``gcs://`` or ``az://``/``abfs[s]://``
+    URL (not chained with ``::``), else ``None``."""
+    if "::" in loc:
+        return None
+    scheme = loc.split("://", 1)[0].lower() if "://" in loc else ""
+    if scheme in ("s3", "s3a"):
+        from ocdbt_py.kvstore.s3 import S3Store
+
+        return S3Store
+    if scheme in ("gs", "gcs"):
+        from ocdbt_py.kvstore.gcs import GcsStore
+
+        return GcsStore
+    if scheme in ("az", "abfs", "abfss"):
+        from ocdbt_py.kvstore.azure import AzureStore
+
+        return AzureStore
+    return None

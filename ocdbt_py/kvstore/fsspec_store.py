@@ -37,6 +37,11 @@ class FsspecStore(KvStore):
     Build one with :meth:`from_url`; ``storage_options`` go straight to fsspec.
     """
 
+    #: :meth:`get_many` merges ranges of one object separated by at most this many bytes
+    coalesce_gap: int = 1 << 20
+    #: ... as long as a merged request stays within this many bytes
+    coalesce_max_span: int = 32 << 20
+
     def __init__(self, fs: Any, root: str, *, read_only: bool | None = None):
         self.fs = fs
         self.root = root.rstrip("/")
@@ -114,15 +119,32 @@ class FsspecStore(KvStore):
         return int(size)
 
     def get_many(self, requests: Sequence[ReadRequest]) -> list[bytes | None]:
+        """Read many keys or ranges; on async filesystems nearby ranges of one object are
+        merged (within :attr:`coalesce_gap` bytes, up to :attr:`coalesce_max_span` per request)
+        and all requests go out concurrently in one event-loop call."""
         reqs = [normalize_request(r) for r in requests]
         if len(reqs) <= 1 or not getattr(self.fs, "async_impl", False):
             return super().get_many(reqs)
+        from ocdbt_py.kvstore.coalesce import coalesced_get_many
+
+        return coalesced_get_many(
+            reqs, self._fetch_concurrently, gap=self.coalesce_gap, max_span=self.coalesce_max_span
+        )
+
+    def _fetch_concurrently(self, reqs: Sequence[tuple[str, ByteRange | None]]) -> list[bytes | None]:
+        """Issue ``reqs`` (already coalesced) concurrently; ``None`` for missing objects."""
         for _, r in reqs:
             check_range(r)
-        # Async filesystems fetch concurrently in one event-loop call.
-        simple = [i for i, (_, r) in enumerate(reqs) if r is None or (r[0] >= 0 and r[1] is not None)]
+        # whole objects and plain ranges go out in one cat_ranges call; suffixes and
+        # zero-length reads (existence checks) take the single-request path
+        simple = [
+            i for i, (_, r) in enumerate(reqs) if r is None or (r[0] >= 0 and r[1] is not None and r[1] > r[0])
+        ]
         out: list[bytes | None] = [None] * len(reqs)
-        if simple:
+        if len(simple) == 1:
+            k, r = reqs[simple[0]]
+            out[simple[0]] = self.get(k, r)
+        elif simple:
             paths = [self._path(reqs[i][0]) for i in simple]
             starts = [None if reqs[i][1] is None else reqs[i][1][0] for i in simple]  # type: ignore[index]
             ends = [None if reqs[i][1] is None else reqs[i][1][1] for i in simple]  # type: ignore[index]

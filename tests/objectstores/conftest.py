@@ -1,0 +1,45 @@
+"""Session-scoped object-store servers on 127.0.0.1, started on first use and always stopped.
+
+A server that cannot start fails the tests that need it (with its log), never skips them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.objectstores import servers
+
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+def _serve(start: Callable[[], Any]) -> Iterator[Any]:
+    error = None
+    try:
+        srv = start()
+    except servers.ServerStartError as e:
+        error = str(e)
+    if error is not None:
+        pytest.fail(error, pytrace=False)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[servers.S3Server]:
+    yield from _serve(servers.start_s3)
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[servers.GcsServer]:
+    yield from _serve(servers.start_gcs)
+
+
+@pytest.fixture(scope="session")
+def azure_server() -> Iterator[servers.AzureServer]:
+    yield from _serve(servers.start_azure)
