@@ -1,0 +1,326 @@
+"""The shared worker pool and the bounded fetch -> decode pipeline.
+
+Chunks are fetched in batches with one concurrent :meth:`KvStore.get_many` per batch, while
+worker threads decode the previous batches (zstd, zlib, blosc and NumPy copies release the
+GIL).  At most ``max_pending`` decode jobs are queued, so the compressed bytes held in memory
+stay bounded no matter how large the selection is.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import os
+import stat
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from ocdbt_py.kvstore import KvStore
+from ocdbt_py.kvstore.base import ByteRange
+
+__all__ = [
+    "get_pool",
+    "num_threads",
+    "set_num_threads",
+    "run_pipeline",
+    "run_jobs",
+    "batched",
+    "Job",
+    "IoSink",
+    "LocalFetcher",
+]
+
+Job = Callable[[], None]
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_io_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_threads: int | None = None
+#: Threads that only wait on storage writes (fsync, network), so encoding never stalls on them.
+IO_THREADS = 8
+
+
+def num_threads() -> int:
+    """Worker threads used for decoding and encoding (``ZARR3_NUM_THREADS`` or the CPU count)."""
+    global _threads
+    if _threads is None:
+        env = os.environ.get("ZARR3_NUM_THREADS")
+        try:
+            _threads = max(1, int(env)) if env else max(1, os.cpu_count() or 1)
+        except ValueError:
+            _threads = max(1, os.cpu_count() or 1)
+    return _threads
+
+
+def set_num_threads(n: int) -> None:
+    """Set the number of worker threads (takes effect for the next operation)."""
+    global _pool, _threads
+    if n < 1:
+        raise ValueError("need at least one thread")
+    with _lock:
+        old, _pool, _threads = _pool, None, int(n)
+    if old is not None:
+        old.shutdown(wait=False)
+
+
+def get_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The process-wide worker pool (created on first use)."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=num_threads(), thread_name_prefix="zarr3")
+        return _pool
+
+
+def get_io_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The process-wide pool for storage writes (created on first use)."""
+    global _io_pool
+    with _lock:
+        if _io_pool is None:
+            _io_pool = concurrent.futures.ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="zarr3-io")
+        return _io_pool
+
+
+class IoSink:
+    """Runs storage writes on the I/O pool with at most ``max_pending`` queued.
+
+    Encoding workers hand each encoded chunk over and go on encoding while the write (and
+    its fsync) completes; :meth:`wait` blocks until everything is stored and re-raises the
+    first failure.  With one thread configured, writes run inline.
+    """
+
+    def __init__(self, max_pending: int | None = None):
+        self._inline = num_threads() == 1
+        self._sem = threading.BoundedSemaphore(max_pending or 2 * num_threads() + 2)
+        self._futures: list[concurrent.futures.Future[Any]] = []
+        self._flock = threading.Lock()
+
+    def _run(self, fn: Job) -> None:
+        try:
+            fn()
+        finally:
+            self._sem.release()
+
+    def submit(self, fn: Job) -> None:
+        """Queue ``fn`` (blocks while ``max_pending`` writes are outstanding)."""
+        if self._inline:
+            fn()
+            return
+        self._sem.acquire()
+        try:
+            fut = get_io_pool().submit(self._run, fn)
+        except BaseException:
+            self._sem.release()
+            raise
+        with self._flock:
+            self._futures.append(fut)
+            failed = [f for f in self._futures if f.done() and f.exception() is not None]
+        if failed:
+            failed[0].result()
+
+    def wait(self) -> None:
+        """Wait for every queued write; re-raise the first error."""
+        with self._flock:
+            futures = list(self._futures)
+        concurrent.futures.wait(futures)
+        for f in futures:
+            f.result()
+
+
+def batched(items: Iterable[T], n: int) -> Iterator[list[T]]:
+    """Yield lists of up to ``n`` items."""
+    it = iter(items)
+    while True:
+        chunk = list(itertools.islice(it, n))
+        if not chunk:
+            return
+        yield chunk
+
+
+def _drain(pending: deque[concurrent.futures.Future[Any]]) -> None:
+    for f in pending:
+        f.cancel()
+    concurrent.futures.wait(pending)
+
+
+def run_jobs(jobs: Iterable[Job], *, max_pending: int | None = None) -> None:
+    """Run jobs on the pool with at most ``max_pending`` queued; re-raise the first error."""
+    workers = num_threads()
+    limit = max_pending or 2 * workers
+    pending: deque[concurrent.futures.Future[Any]] = deque()
+    it = iter(jobs)
+    first = list(itertools.islice(it, 2))
+    if len(first) < 2 or workers == 1:
+        for job in itertools.chain(first, it):
+            job()
+        return
+    pool = get_pool()
+    try:
+        for job in itertools.chain(first, it):
+            pending.append(pool.submit(job))
+            while len(pending) > limit:
+                pending.popleft().result()
+        while pending:
+            pending.popleft().result()
+    except BaseException:
+        _drain(pending)
+        raise
+
+
+Request = tuple[str, "ByteRange | None"]
+
+_LOCAL_TYPES: tuple[type, ...] | None = None
+
+
+def fetch_batch(store: KvStore) -> int:
+    """Keys per fetch for ``store``: 1 for local disk / memory, more for remote stores.
+
+    Local reads cost CPU, not latency, so each worker fetches its own chunk; remote stores
+    get several keys per concurrent :meth:`KvStore.get_many` to hide latency.
+    """
+    global _LOCAL_TYPES
+    if _LOCAL_TYPES is None:
+        from ocdbt_py.kvstore import LocalStore, MemoryStore
+
+        _LOCAL_TYPES = (LocalStore, MemoryStore)
+    env = os.environ.get("ZARR3_FETCH_BATCH")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            pass
+    base: Any = store
+    for _ in range(8):  # unwrap PrefixStore / OCDBT views
+        if isinstance(base, _LOCAL_TYPES):
+            return 1
+        nxt = getattr(base, "base", None)
+        if nxt is None:
+            db = getattr(base, "db", None)
+            nxt = getattr(db, "kvstore", None) if db is not None else None
+        if nxt is None or nxt is base:
+            break
+        base = nxt
+    return 4
+
+
+class LocalFetcher:
+    """Reads whole values of a plain local-directory store into a reused per-thread buffer.
+
+    Used for one-key fetches when the store is (a prefix view of) an
+    :class:`~ocdbt_py.kvstore.LocalStore`: it reads the same file ``LocalStore.get`` would,
+    but without allocating (and page-faulting) a new buffer for every chunk.  The returned
+    view is only valid until the same thread fetches again, which the pipeline guarantees
+    (a task decodes what it fetched before fetching more).
+    """
+
+    def __init__(self, root: str, prefix: str, max_bytes: int):
+        self.root = root
+        self.prefix = prefix
+        self.max_bytes = max_bytes
+        self._local = threading.local()
+
+    @classmethod
+    def for_store(cls, store: KvStore, max_bytes: int) -> LocalFetcher | None:
+        """A fetcher for ``store`` if it is a local directory, else ``None``."""
+        from ocdbt_py.kvstore import LocalStore, PrefixStore
+
+        prefix = ""
+        base: Any = store
+        while type(base) is PrefixStore:
+            prefix = base.prefix + prefix
+            base = base.base
+        if type(base) is not LocalStore or os.environ.get("ZARR3_NO_LOCAL_FETCH"):
+            return None
+        return cls(base.root, prefix, max_bytes)
+
+    def __call__(self, key: str, byte_range: ByteRange | None) -> Any:
+        from ocdbt_py.kvstore import validate_key
+
+        full = validate_key(self.prefix + key)
+        path = os.path.join(self.root, *full.split("/"))
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                return None
+            size = st.st_size
+            start, stop = 0, size
+            if byte_range is not None:
+                start, stop_r = byte_range
+                if start < 0:
+                    start = max(size + start, 0)
+                stop = size if stop_r is None else min(stop_r, size)
+            n = max(0, stop - start)
+            if n > self.max_bytes:
+                return os.pread(fd, n, start)
+            buf = getattr(self._local, "buf", None)
+            if buf is None or len(buf) < n:
+                buf = self._local.buf = memoryview(bytearray(max(n, self.max_bytes)))
+            view = buf[:n]
+            got = 0
+            while got < n:
+                k = os.preadv(fd, [view[got:]], start + got)
+                if k <= 0:
+                    break
+                got += k
+            return view[:got]
+        finally:
+            os.close(fd)
+
+
+def run_pipeline(
+    store: KvStore,
+    units: Iterable[T],
+    request: Callable[[T], Request],
+    handle: Callable[[T, bytes | None], Sequence[Job]],
+    *,
+    batch: int | None = None,
+    max_pending: int | None = None,
+    fetch_one: Callable[[str, ByteRange | None], Any] | None = None,
+) -> None:
+    """Fetch ``request(unit)`` for every unit and run the jobs ``handle`` returns for it.
+
+    Units are grouped into batches; each batch is one task on the worker pool that fetches
+    its keys with one concurrent :meth:`KvStore.get_many` and then runs ``handle(unit, data)``
+    and the decode jobs it returns.  Fetched bytes live only inside a running task, so at most
+    ``workers * batch`` chunks are held at once; at most ``max_pending`` tasks are queued.
+    """
+    workers = num_threads()
+    k = batch or fetch_batch(store)
+    limit = max_pending or 4 * workers
+
+    def task(group: list[T]) -> None:
+        if fetch_one is not None and len(group) == 1:
+            datas: list[Any] = [fetch_one(*request(group[0]))]
+        else:
+            datas = store.get_many([request(u) for u in group])
+        for i, u in enumerate(group):
+            d = datas[i]
+            datas[i] = None  # release each chunk as soon as it is decoded
+            for job in handle(u, d):
+                job()
+
+    groups = batched(units, k)
+    head = list(itertools.islice(groups, 2))
+    if len(head) < 2 or workers == 1:
+        for group in itertools.chain(head, groups):
+            task(group)
+        return
+    pool = get_pool()
+    pending: deque[concurrent.futures.Future[Any]] = deque()
+    try:
+        for group in itertools.chain(head, groups):
+            pending.append(pool.submit(task, group))
+            while len(pending) > limit:
+                pending.popleft().result()
+        while pending:
+            pending.popleft().result()
+    except BaseException:
+        _drain(pending)
+        raise

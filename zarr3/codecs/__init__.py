@@ -1,0 +1,134 @@
+"""Zarr codecs: one module per codec, a registry and the codec chain.
+
+v3 codecs: ``bytes``, ``transpose``, ``zstd``, ``gzip``, ``blosc``, ``crc32c`` and
+``sharding_indexed``.  v2 compressors (``zstd``, ``blosc``, ``zlib``, ``gzip``, ``bz2``,
+``lz4``) map onto bytes -> bytes codecs through :func:`compressor_from_v2`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from zarr3.codecs.base import (
+    ArrayArrayCodec,
+    ArrayBytesCodec,
+    BytesBytesCodec,
+    ChunkSpec,
+    Codec,
+)
+from zarr3.codecs.blosc import BloscCodec
+from zarr3.codecs.bytes import BytesCodec
+from zarr3.codecs.bz2 import Bz2Codec
+from zarr3.codecs.chain import CodecChain
+from zarr3.codecs.crc32c import Crc32cCodec
+from zarr3.codecs.gzip import GzipCodec
+from zarr3.codecs.lz4 import Lz4Codec
+from zarr3.codecs.sharding import ShardingCodec
+from zarr3.codecs.transpose import TransposeCodec
+from zarr3.codecs.zlib import ZlibCodec
+from zarr3.codecs.zstd import ZstdCodec
+from zarr3.errors import MetadataError
+
+__all__ = [
+    "Codec",
+    "ArrayArrayCodec",
+    "ArrayBytesCodec",
+    "BytesBytesCodec",
+    "ChunkSpec",
+    "CodecChain",
+    "BytesCodec",
+    "TransposeCodec",
+    "ZstdCodec",
+    "GzipCodec",
+    "BloscCodec",
+    "Crc32cCodec",
+    "ShardingCodec",
+    "ZlibCodec",
+    "Bz2Codec",
+    "Lz4Codec",
+    "CODECS",
+    "register_codec",
+    "codec_from_dict",
+    "parse_codecs",
+    "compressor_from_v2",
+    "compressor_to_v2",
+]
+
+#: v3 codec classes by name.
+CODECS: dict[str, type[Codec]] = {
+    c.name: c for c in (BytesCodec, TransposeCodec, ZstdCodec, GzipCodec, BloscCodec, Crc32cCodec, ShardingCodec)
+}
+# zarr-python once wrote the bytes codec as "endian"; accept it on read.
+_ALIASES = {"endian": "bytes"}
+
+
+def register_codec(cls: type[Codec]) -> type[Codec]:
+    """Register an extra v3 codec class (usable as a decorator)."""
+    CODECS[cls.name] = cls
+    return cls
+
+
+def codec_from_dict(entry: Any, field: str = "codecs[0]") -> Codec:
+    """Build a codec from a v3 metadata entry (``{"name": ..., "configuration": ...}`` or a name)."""
+    if isinstance(entry, Codec):
+        return entry
+    if isinstance(entry, str):
+        entry = {"name": entry}
+    if not isinstance(entry, Mapping):
+        raise MetadataError(field, entry, "expected a codec object or name")
+    for key in entry:
+        if key not in ("name", "configuration", "must_understand"):
+            raise MetadataError(f"{field}.{key}", entry[key], "unknown codec member")
+    name = entry.get("name")
+    if not isinstance(name, str):
+        raise MetadataError(f"{field}.name", name, "expected a codec name")
+    cls = CODECS.get(_ALIASES.get(name, name))
+    if cls is None:
+        raise MetadataError(f"{field}.name", name, f"unsupported codec (known: {sorted(CODECS)})")
+    return cls.from_config(entry.get("configuration"), f"{field}.configuration")
+
+
+def parse_codecs(value: Any, field: str = "codecs") -> list[Codec]:
+    """Parse a v3 ``codecs`` list."""
+    if isinstance(value, (str, Mapping)):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise MetadataError(field, value, "expected a list of codecs")
+    return [codec_from_dict(e, f"{field}[{i}]") for i, e in enumerate(value)]
+
+
+def compressor_from_v2(config: Any, itemsize: int, field: str = "compressor") -> BytesBytesCodec | None:
+    """Build the bytes -> bytes codec for a v2 ``compressor`` object (``None`` for null)."""
+    if config is None:
+        return None
+    if isinstance(config, BytesBytesCodec):
+        return config
+    if not isinstance(config, Mapping):
+        raise MetadataError(field, config, "expected a compressor object or null")
+    cid = config.get("id")
+    cfg = dict(config)
+    if cid == "zstd":
+        return ZstdCodec.from_v2(cfg, field)
+    if cid == "blosc":
+        return BloscCodec.from_v2(cfg, field, itemsize)
+    if cid == "zlib":
+        return ZlibCodec.from_v2(cfg, field)
+    if cid == "gzip":
+        return GzipCodec.from_v2(cfg, field)
+    if cid == "bz2":
+        return Bz2Codec.from_v2(cfg, field)
+    if cid == "lz4":
+        return Lz4Codec.from_v2(cfg, field)
+    raise MetadataError(f"{field}.id", cid, "unsupported compressor (known: blosc, bz2, gzip, lz4, zlib, zstd)")
+
+
+def compressor_to_v2(codec: BytesBytesCodec | None) -> dict[str, Any] | None:
+    """The v2 ``compressor`` object for a codec (``None`` for no compression)."""
+    if codec is None:
+        return None
+    to_v2 = getattr(codec, "to_v2", None)
+    if to_v2 is None:
+        raise MetadataError("compressor", codec.name, "has no zarr v2 form")
+    result: dict[str, Any] = to_v2()
+    return result

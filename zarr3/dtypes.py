@@ -1,0 +1,298 @@
+"""Zarr data types and their NumPy / ml_dtypes equivalents.
+
+:class:`DataType` describes one element type: its Zarr v3 ``data_type`` name, the native-order
+NumPy dtype used in memory, its v2 ``dtype`` spelling and how its fill value is encoded.
+Sub-byte types (``int4``, ``uint4``, ``int2``, ``float4_e2m1fn``, ...) take one byte per
+element, exactly as TensorStore stores them and as ml_dtypes holds them in memory.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from zarr3.errors import MetadataError
+
+__all__ = [
+    "DataType",
+    "DATA_TYPES",
+    "parse_data_type_v3",
+    "parse_dtype_v2",
+    "data_type_from_numpy",
+    "v2_dtype_string",
+]
+
+_LITTLE = sys.byteorder == "little"
+
+
+@dataclass(frozen=True)
+class DataType:
+    """One Zarr element type.
+
+    ``kind`` is one of ``"bool"``, ``"int"``, ``"uint"``, ``"float"``, ``"complex"``,
+    ``"raw"`` (``r<N>`` / ``V<n>`` opaque bytes) or ``"struct"`` (zarr v2 structured dtypes).
+    ``dtype`` is the in-memory NumPy dtype, always in native byte order.
+    """
+
+    name: str
+    dtype: np.dtype[Any]
+    kind: str
+    v2_name: str | None = None  # bare v2 name for types without a byte-order letter
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element (sub-byte types take a whole byte)."""
+        return int(self.dtype.itemsize)
+
+    @property
+    def bits_dtype(self) -> np.dtype[Any]:
+        """Unsigned integer dtype of the same size, for bit-exact views (itemsize <= 8)."""
+        return np.dtype(f"u{self.itemsize}")
+
+    @property
+    def component(self) -> DataType:
+        """For complex types, the float type of each component; otherwise ``self``."""
+        if self.kind != "complex":
+            return self
+        return DATA_TYPES["float32" if self.itemsize == 8 else "float64"]
+
+    @property
+    def has_nan(self) -> bool:
+        """Whether the type can hold NaN."""
+        if self.kind not in ("float", "complex"):
+            return False
+        comp = self.component
+        try:
+            return bool(np.isnan(np.array(np.nan).astype(comp.dtype)))
+        except (TypeError, ValueError):  # pragma: no cover - exotic types
+            return False
+
+    def __repr__(self) -> str:
+        return f"DataType({self.name!r})"
+
+
+def _ml(name: str) -> np.dtype[Any] | None:
+    t = getattr(ml_dtypes, name, None)
+    return None if t is None else np.dtype(t)
+
+
+def _build_registry() -> dict[str, DataType]:
+    reg: dict[str, DataType] = {}
+
+    def add(dt: DataType) -> None:
+        reg[dt.name] = dt
+
+    add(DataType("bool", np.dtype(np.bool_), "bool"))
+    for bits in (8, 16, 32, 64):
+        add(DataType(f"int{bits}", np.dtype(f"i{bits // 8}"), "int"))
+        add(DataType(f"uint{bits}", np.dtype(f"u{bits // 8}"), "uint"))
+    add(DataType("float16", np.dtype(np.float16), "float"))
+    add(DataType("float32", np.dtype(np.float32), "float"))
+    add(DataType("float64", np.dtype(np.float64), "float"))
+    add(DataType("complex64", np.dtype(np.complex64), "complex"))
+    add(DataType("complex128", np.dtype(np.complex128), "complex"))
+    # ml_dtypes types (TensorStore extensions, also what JAX checkpoints hold).
+    for name in (
+        "bfloat16",
+        "float8_e3m4",
+        "float8_e4m3",
+        "float8_e4m3fn",
+        "float8_e4m3fnuz",
+        "float8_e4m3b11fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+        "float6_e2m3fn",
+        "float6_e3m2fn",
+        "float4_e2m1fn",
+    ):
+        dt = _ml(name)
+        if dt is not None:
+            add(DataType(name, dt, "float", v2_name=name))
+    for name, kind in (("int2", "int"), ("int4", "int"), ("uint2", "uint"), ("uint4", "uint")):
+        dt = _ml(name)
+        if dt is not None:
+            add(DataType(name, dt, kind, v2_name=name))
+    return reg
+
+
+#: Every named data type, keyed by its Zarr v3 ``data_type`` name.
+DATA_TYPES: Mapping[str, DataType] = _build_registry()
+
+_RAW = re.compile(r"^r([1-9][0-9]*)$")
+
+
+def _raw_type(nbytes: int, name: str) -> DataType:
+    return DataType(name, np.dtype(f"V{nbytes}"), "raw")
+
+
+def parse_data_type_v3(value: Any, field: str = "data_type") -> DataType:
+    """Resolve a v3 ``data_type`` member (a name, or ``{"name": ...}``) to a :class:`DataType`."""
+    name = value
+    if isinstance(value, Mapping):
+        name = value.get("name")
+        config = value.get("configuration")
+        if config not in (None, {}):
+            raise MetadataError(field, value, "data type configuration is not supported")
+    if not isinstance(name, str):
+        raise MetadataError(field, value, "expected a data type name string")
+    dt = DATA_TYPES.get(name)
+    if dt is not None:
+        return dt
+    m = _RAW.match(name)
+    if m:
+        bits = int(m.group(1))
+        if bits % 8 or bits > 8 * 1024:
+            raise MetadataError(field, value, "raw data types must be a whole number of bytes")
+        return _raw_type(bits // 8, name)
+    raise MetadataError(field, value, "unsupported data type")
+
+
+_V2 = re.compile(r"^([<>|=]?)([biufcVS])([0-9]+)$")
+
+
+def parse_dtype_v2(value: Any, field: str = "dtype") -> tuple[DataType, np.dtype[Any]]:
+    """Resolve a v2 ``dtype`` string to ``(DataType, stored dtype)``.
+
+    The stored dtype carries the byte order the chunks use (``>i2`` stays big-endian); the
+    :class:`DataType` is the native-order type arrays are returned in.
+    """
+    if isinstance(value, list):
+        return _parse_struct_v2(value, field)
+    if not isinstance(value, str):
+        raise MetadataError(field, value, "expected a dtype string")
+    bare = value[1:] if value[:1] in "<>|=" and len(value) > 1 else value
+    dt = DATA_TYPES.get(bare)
+    if dt is not None and dt.v2_name is not None:
+        return dt, dt.dtype
+    m = _V2.match(value)
+    if not m:
+        raise MetadataError(field, value, "unsupported data type")
+    order, kind, size_s = m.groups()
+    size = int(size_s)
+    if kind in "VS":
+        if size <= 0 or size > 1 << 20:
+            raise MetadataError(field, value, "unsupported raw byte size")
+        return _raw_type(size, value), np.dtype(f"{kind}{size}")
+    try:
+        stored = np.dtype(value)
+    except TypeError as e:
+        raise MetadataError(field, value, "unsupported data type") from e
+    if kind == "b":
+        if size != 1:
+            raise MetadataError(field, value, "bool must be 1 byte")
+        return DATA_TYPES["bool"], stored
+    names = {"i": "int", "u": "uint", "f": "float", "c": "complex"}
+    name = f"{names[kind]}{size * 8}"
+    dt = DATA_TYPES.get(name)
+    if dt is None:
+        raise MetadataError(field, value, "unsupported data type")
+    if stored.itemsize > 1 and order == "|":
+        raise MetadataError(field, value, "multi-byte types need '<' or '>' byte order")
+    return dt, stored
+
+
+MAX_STRUCT_FIELDS = 1024
+
+
+def _parse_struct_v2(value: list[Any], field: str) -> tuple[DataType, np.dtype[Any]]:
+    """A v2 structured dtype: ``[[name, dtype], [name, dtype, shape], ...]``."""
+    if not value or len(value) > MAX_STRUCT_FIELDS:
+        raise MetadataError(field, value, "a structured dtype needs 1 to 1024 fields")
+    stored_fields: list[tuple[Any, ...]] = []
+    native_fields: list[tuple[Any, ...]] = []
+    names: set[str] = set()
+    for i, f in enumerate(value):
+        where = f"{field}[{i}]"
+        if not isinstance(f, list) or len(f) not in (2, 3) or not isinstance(f[0], str) or not f[0]:
+            raise MetadataError(where, f, "expected [name, dtype] or [name, dtype, shape]")
+        if f[0] in names:
+            raise MetadataError(where, f, "duplicate field name")
+        names.add(f[0])
+        if isinstance(f[1], list):
+            raise MetadataError(where, f, "nested structured dtypes are not supported")
+        sub, sub_stored = parse_dtype_v2(f[1], f"{where}[1]")
+        shape: tuple[int, ...] = ()
+        if len(f) == 3:
+            if not isinstance(f[2], list) or not all(
+                isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1 << 20 for n in f[2]
+            ):
+                raise MetadataError(f"{where}[2]", f[2], "expected a list of positive integers")
+            shape = tuple(f[2])
+        stored_fields.append((f[0], sub_stored, shape) if shape else (f[0], sub_stored))
+        native_fields.append((f[0], sub.dtype, shape) if shape else (f[0], sub.dtype))
+    stored = np.dtype(stored_fields)
+    native = np.dtype(native_fields)
+    if stored.itemsize > 1 << 20:
+        raise MetadataError(field, value, "structured element larger than 1 MiB")
+    return DataType("structured", native, "struct"), stored
+
+
+def struct_v2_json(stored: np.dtype[Any]) -> list[Any]:
+    """The v2 ``dtype`` list for a structured NumPy dtype."""
+    assert stored.names is not None and stored.fields is not None
+    out: list[Any] = []
+    for name in stored.names:
+        sub = stored.fields[name][0]
+        base, shape = sub.subdtype if sub.subdtype is not None else (sub, ())
+        sub_dt = data_type_from_numpy(base)
+        order = ">" if base.byteorder == ">" else "<"
+        entry: list[Any] = [name, v2_dtype_string(sub_dt, order)]
+        if shape:
+            entry.append(list(shape))
+        out.append(entry)
+    return out
+
+
+def data_type_from_numpy(dtype: Any) -> DataType:
+    """Find the :class:`DataType` for a NumPy dtype (or a Zarr v3 data type name)."""
+    if isinstance(dtype, DataType):
+        return dtype
+    if isinstance(dtype, str):
+        if dtype in DATA_TYPES:
+            return DATA_TYPES[dtype]
+        m = _RAW.match(dtype)
+        if m:
+            return parse_data_type_v3(dtype)
+    try:
+        nd = np.dtype(dtype)
+    except TypeError as e:
+        raise MetadataError("dtype", dtype, "not a NumPy dtype") from e
+    if nd.names is not None:
+        struct, _stored = _parse_struct_v2(struct_v2_json(nd), "dtype")
+        return struct
+    if nd.kind == "V" and nd.fields is None and nd.names is None:
+        for dt in DATA_TYPES.values():
+            if dt.dtype == nd:
+                return dt
+        return _raw_type(nd.itemsize, f"r{nd.itemsize * 8}")
+    nat = nd.newbyteorder("=") if nd.byteorder not in ("=", "|") else nd
+    for dt in DATA_TYPES.values():
+        if dt.dtype == nat:
+            return dt
+    raise MetadataError("dtype", str(dtype), "unsupported data type")
+
+
+def v2_dtype_string(dt: DataType, byteorder: str = "<") -> str:
+    """The v2 ``dtype`` string TensorStore writes for ``dt`` (``<f4``, ``|b1``, ``bfloat16``)."""
+    if dt.v2_name is not None:
+        return dt.v2_name
+    nd = dt.dtype
+    if dt.kind == "raw":
+        return f"|V{nd.itemsize}"
+    letter = {"bool": "b", "int": "i", "uint": "u", "float": "f", "complex": "c"}[dt.kind]
+    order = "|" if nd.itemsize == 1 else byteorder
+    return f"{order}{letter}{nd.itemsize}"
+
+
+def native_order(stored: np.dtype[Any]) -> bool:
+    """Whether ``stored`` already has the machine byte order (or is byte-order free)."""
+    if stored.itemsize == 1 or stored.byteorder in ("=", "|"):
+        return True
+    return (stored.byteorder == "<") == _LITTLE
