@@ -1,0 +1,393 @@
+"""``save()``: NumPy or JAX trees to Orbax checkpoints on any filesystem.
+
+The work of one save, in order (``spec/orbax.md``, "Writing checkpoints"):
+
+1. walk the tree(s) and plan every array: chunk shape, which regions this process writes
+   (replica 0 of every addressable shard, replica-parallel slices of replicated shards),
+   host copies when the save continues in the background;
+2. the primary process prepares the destination (temporary directory or in place); barrier;
+3. every process writes its chunks into ``<item>/ocdbt.process_<i>/`` (a one-generation
+   OCDBT database) and its ``array_metadatas/process_<i>``; barrier;
+4. the primary merges the per-process databases into the item root by reference, checks that
+   every chunk is there, writes ``_sharding``, ``_strings.json``, ``_METADATA``, the commit
+   markers and ``_CHECKPOINT_METADATA``, and commits (rename or commit file); barrier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ocdbt_py.checkpoint.saving import async_save, layout_writer
+from ocdbt_py.checkpoint.saving.arrays import ArraySpec, storage_dtype
+from ocdbt_py.checkpoint.saving.atomic import Destination, open_destination
+from ocdbt_py.checkpoint.saving.chunking import (
+    DEFAULT_TARGET_DATA_FILE_SIZE,
+    GCS_TARGET_DATA_FILE_SIZE,
+    choose_chunk_shape,
+    chunk_byte_limit,
+)
+from ocdbt_py.checkpoint.saving.distributed import Coordinator, coordinator
+from ocdbt_py.checkpoint.saving.merge import check_complete, collect_children, write_root
+from ocdbt_py.checkpoint.saving.params import (
+    JAX_ARRAY,
+    NP_ARRAY,
+    SCALAR,
+    STRING,
+    Leaf,
+    UnsupportedLeafError,
+    flatten,
+)
+from ocdbt_py.checkpoint.saving.process_writer import ChunkJob, ProcessWriter, default_workers
+from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.prefixed import PrefixStore
+
+__all__ = ["save", "JsonItem", "SaveHandle"]
+
+SaveHandle = async_save.SaveHandle
+_RESERVED_ITEM_NAMES = frozenset({"descriptor"})
+_HANDLERS = {"standard": layout_writer.STANDARD_HANDLER, "pytree": layout_writer.PYTREE_HANDLER}
+
+
+@dataclasses.dataclass(frozen=True)
+class JsonItem:
+    """A composite item saved as JSON (Orbax's ``JsonSave``): ``<item>/metadata``."""
+
+    value: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    use_zarr3: bool
+    use_compression: bool
+    chunk_byte_size: int | None
+    target_data_file_size: int
+    replica_parallel: bool
+    copy: bool
+    workers: int
+    sync: bool
+
+
+@dataclasses.dataclass
+class _ItemPlan:
+    """One pytree item: what this process writes and what the primary records."""
+
+    name: str | None
+    leaves: list[Leaf]
+    handler: str
+    specs: list[ArraySpec]  # every array of the item (for metadata and the final check)
+    jobs: list[ChunkJob]  # regions this process writes
+    shared: list[bool]  # per job: the data is the caller's memory (copied for async saves)
+    metadata_specs: list[ArraySpec]  # arrays whose Zarr metadata this process writes
+    strings: dict[str, str]
+    write_shapes: dict[str, tuple[int, ...]]
+    shardings: dict[str, str]
+    array_metadatas: list[tuple[str, tuple[int, ...], tuple[int, ...], Any]]
+    custom_metadata: Any
+
+
+def _spec(name: str, shape: tuple[int, ...], dtype: np.dtype[Any], write_shape: tuple[int, ...],
+          opts: _Options) -> ArraySpec:
+    limit = chunk_byte_limit(write_shape, dtype.itemsize, opts.chunk_byte_size, opts.target_data_file_size)
+    chunk = choose_chunk_shape(shape, write_shape, dtype.itemsize, limit)
+    return ArraySpec(name, shape, dtype, tuple(write_shape), chunk,
+                     3 if opts.use_zarr3 else 2, opts.use_compression)
+
+
+def _host_array(value: Any, where: str) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.dtype == object or arr.dtype.kind in "OUSMm":
+        raise UnsupportedLeafError(f"cannot save leaf {where}: NumPy dtype {arr.dtype} is not storable")
+    return arr
+
+
+def _copy_shared(plans: Mapping[str, Any], workers: int, reuse: bool) -> np.ndarray | None:
+    """Replace every job's data that is the caller's memory by a private copy (async saves);
+    returns the buffer holding the copies."""
+    from ocdbt_py.checkpoint.saving.host_copy import copy_arrays
+
+    where: list[tuple[_ItemPlan, int]] = []
+    for plan in plans.values():
+        if isinstance(plan, _ItemPlan):
+            where.extend((plan, i) for i, shared in enumerate(plan.shared) if shared)
+    if not where:
+        return None
+    copies, arena = copy_arrays([plan.jobs[i][2] for plan, i in where], workers, reuse=reuse)
+    for (plan, i), data in zip(where, copies):
+        spec, origin, _ = plan.jobs[i]
+        plan.jobs[i] = (spec, origin, data)
+        plan.shared[i] = False
+    return arena
+
+
+def _scalar_array(value: Any, where: str) -> np.ndarray:
+    try:
+        arr = np.asarray(value)
+    except OverflowError as e:
+        raise ValueError(f"cannot save scalar {where}: {e}") from e
+    if arr.dtype == object or arr.shape != ():
+        raise UnsupportedLeafError(f"cannot save scalar {where} ({value!r}) as a NumPy number")
+    return arr
+
+
+def _plan_item(name: str | None, tree: Any, coord: Coordinator, opts: _Options, handler: str | None,
+               custom_metadata: Any) -> _ItemPlan:
+    leaves = flatten(tree)
+    primary = coord.is_primary
+    plan = _ItemPlan(name, leaves, "", [], [], [], [], {}, {}, {}, [], custom_metadata)
+    only_arrays = True
+    for leaf in leaves:
+        vt = leaf.value_type
+        pname = leaf.param_name
+        if vt == JAX_ARRAY:
+            from ocdbt_py.checkpoint.saving.jax_arrays import plan_jax_array
+
+            jp = plan_jax_array(leaf.value, replica_parallel=opts.replica_parallel, name=leaf.where)
+            spec = _spec(pname, jp.shape, jp.dtype, jp.write_shape, opts)
+            plan.specs.append(spec)
+            if primary:
+                plan.metadata_specs.append(spec)
+            plan.jobs.extend((spec, p.origin, p.data) for p in jp.pieces)
+            plan.shared.extend(p.shared for p in jp.pieces)
+            plan.write_shapes[pname] = jp.write_shape
+            if jp.sharding is not None:
+                plan.shardings[pname] = jp.sharding
+            plan.array_metadatas.append((pname, jp.write_shape, spec.chunk_shape, jp.ext_metadata))
+        elif vt in (NP_ARRAY, SCALAR):
+            arr = _host_array(leaf.value, leaf.where) if vt == NP_ARRAY else _scalar_array(leaf.value, leaf.where)
+            if arr.size == 0:
+                raise ValueError(f"Cannot save arrays with zero size: {leaf.where} has shape {arr.shape}")
+            try:
+                dtype = storage_dtype(arr.dtype)
+            except TypeError as e:
+                raise UnsupportedLeafError(f"cannot save leaf {leaf.where}: {e}") from e
+            shape = tuple(int(d) for d in arr.shape)
+            spec = _spec(pname, shape, dtype, shape, opts)
+            plan.specs.append(spec)
+            if primary:  # numpy arrays and scalars are written by the primary process only
+                plan.metadata_specs.append(spec)
+                plan.jobs.append((spec, (0,) * len(shape), arr))
+                plan.shared.append(vt == NP_ARRAY)
+        elif vt == STRING:
+            only_arrays = False  # StandardSave refuses strings
+            plan.strings[pname] = str(leaf.value)
+    if handler is None:
+        plan.handler = layout_writer.STANDARD_HANDLER if only_arrays else layout_writer.PYTREE_HANDLER
+    else:
+        plan.handler = _HANDLERS[handler]
+    return plan
+
+
+def _write_process_part(item_kv: KvStore, plan: _ItemPlan, coord: Coordinator, opts: _Options
+                        ) -> dict[bytes, Any] | None:
+    """Step 3 for one item: this process's database and array metadata file."""
+    writer = ProcessWriter(item_kv, coord.process_index,
+                           target_data_file_size=opts.target_data_file_size, sync=opts.sync)
+    try:
+        for spec in plan.metadata_specs:
+            writer.put(spec.metadata_key, spec.metadata_bytes())
+        writer.run(writer.tasks(plan.jobs), opts.workers)
+    except BaseException:
+        writer.pool.abort()
+        raise
+    writer.finish()
+    if plan.array_metadatas:
+        item_kv.set(f"{layout_writer.ARRAY_METADATAS}/process_{coord.process_index}",
+                    layout_writer.array_metadatas_file(plan.array_metadatas))
+    return writer.entries if writer.entries else None
+
+
+def _finalize_item(item_kv: KvStore, plan: _ItemPlan, coord: Coordinator, opts: _Options,
+                   own: dict[bytes, Any] | None) -> None:
+    """Step 4 for one item (primary): merged root, metadata files."""
+    if plan.specs:
+        known = {coord.process_index: own} if own is not None else {}
+        entries = collect_children(item_kv, coord.process_count, known)
+        check_complete(entries, plan.specs)
+    else:
+        entries = {}
+    if plan.shardings:
+        item_kv.set(layout_writer.SHARDING, layout_writer.sharding_file(plan.shardings))
+    if plan.strings:
+        item_kv.set(layout_writer.STRINGS, layout_writer.strings_file(plan.strings))
+    item_kv.set(layout_writer.TREE_METADATA, layout_writer.tree_metadata(
+        plan.leaves, plan.write_shapes, use_zarr3=opts.use_zarr3, custom_metadata=plan.custom_metadata))
+    if entries:
+        write_root(item_kv, entries, target_data_file_size=opts.target_data_file_size)
+
+
+def _item_names(items: Mapping[str, Any]) -> None:
+    for name in items:
+        if not isinstance(name, str) or not name or "/" in name or name in (".", "..") or name.startswith("."):
+            raise ValueError(f"invalid item name {name!r}: item names are plain directory names")
+        if name in _RESERVED_ITEM_NAMES:
+            raise ValueError(f"item name {name!r} is reserved by Orbax")
+        if ".orbax-checkpoint-tmp" in name:
+            raise ValueError(f"item name {name!r} looks like a temporary directory")
+
+
+def save(
+    path: str | os.PathLike[str] | KvStore,
+    tree: Any,
+    *,
+    composite: bool = False,
+    force: bool = False,
+    use_zarr3: bool = False,
+    use_compression: bool = True,
+    chunk_byte_size: int | None = None,
+    ocdbt_target_data_file_size: int | None = None,
+    custom_metadata: Mapping[str, Any] | None = None,
+    pytree_custom_metadata: Any = None,
+    handler: str | None = None,
+    blocking: bool = True,
+    copy: bool | None = None,
+    keep_copy_buffer: bool = True,
+    storage_options: dict[str, Any] | None = None,
+    replica_parallel: bool | None = None,
+    workers: int | None = None,
+    sync: bool = True,
+    barrier_timeout: float = 600.0,
+) -> SaveHandle:
+    """Save ``tree`` as an Orbax checkpoint at ``path`` (local path, fsspec URL or KvStore).
+
+    The layout is the one Orbax 0.12 writes (OCDBT with Zarr v2 inside, ``_METADATA``,
+    ``_sharding``, ``array_metadatas/``, ``_CHECKPOINT_METADATA``, ``commit_success.txt``), so
+    ``ocp.StandardCheckpointer().restore(path)`` / ``PyTreeCheckpointer`` restore it, as does
+    :func:`ocdbt_py.checkpoint.restore`.
+
+    * ``tree``: nested dicts/lists/tuples/NamedTuples (any JAX pytree when JAX is imported)
+      of ``jax.Array``, NumPy arrays (every dtype incl. ml_dtypes), Python/NumPy scalars,
+      strings, ``None`` and empty containers.
+    * ``composite=True``: ``tree`` maps item names to trees or :class:`JsonItem`; each item gets
+      its own directory, as ``ocp.args.Composite`` (use ``{"default": tree}`` to write a
+      CheckpointManager step of a single item).
+    * ``force``: replace an existing checkpoint (otherwise :class:`CheckpointExistsError`).
+    * ``use_zarr3``, ``use_compression``, ``chunk_byte_size``, ``ocdbt_target_data_file_size``:
+      as Orbax's ``PyTreeCheckpointHandler`` / ``SaveArgs`` options (applied to every array).
+    * ``custom_metadata``: JSON stored in ``_CHECKPOINT_METADATA``;
+      ``pytree_custom_metadata``: JSON stored in ``_METADATA`` (``PyTreeSave(custom_metadata=)``).
+    * ``handler``: ``"standard"`` or ``"pytree"`` (handler name recorded for the item; default:
+      standard unless the tree holds strings).
+    * ``blocking=False``: return once host copies are made (``copy`` defaults to ``True`` then,
+      so the caller may modify or donate its arrays); ``handle.wait()`` re-raises any error.
+      A later save waits for the previous one.  ``keep_copy_buffer``: keep the copies' buffer
+      for the next async save (a training loop then copies at memcpy speed, without page
+      faults); it holds that much host memory between saves
+      (``ocdbt_py.checkpoint.saving.host_copy.release_cached_arena()`` frees it).
+    * ``replica_parallel``: split replicated shards across replicas (Orbax's default on CPU/TPU).
+    * ``workers``: encoding threads; ``sync=False`` skips fsyncing local files (faster, not
+      crash-durable; the commit is still atomic for other processes).
+    * In a multi-process JAX job every process calls ``save`` with the same tree; each writes
+      its own shards and process 0 commits.
+
+    Returns a :class:`SaveHandle` (already finished when ``blocking``).
+    """
+    started = time.perf_counter()
+    async_save.wait_for_previous()
+    coord = coordinator(timeout_s=barrier_timeout)
+    if copy is None:
+        copy = not blocking
+    if ocdbt_target_data_file_size is not None and ocdbt_target_data_file_size < 0:
+        raise ValueError("ocdbt_target_data_file_size must be >= 0")
+    if chunk_byte_size is not None and chunk_byte_size <= 0:
+        raise ValueError("chunk_byte_size must be positive")
+    if handler is not None and handler not in _HANDLERS:
+        raise ValueError(f"handler must be 'standard' or 'pytree', not {handler!r}")
+    if replica_parallel is None:
+        from ocdbt_py.checkpoint.saving.jax_arrays import default_replica_parallel
+
+        replica_parallel = default_replica_parallel()
+    target = ocdbt_target_data_file_size
+    if target is None:  # Orbax's defaults: 400 MiB on GCS, 2 GiB elsewhere
+        gcs = isinstance(path, str) and path.startswith(("gs://", "gcs://"))
+        target = GCS_TARGET_DATA_FILE_SIZE if gcs else DEFAULT_TARGET_DATA_FILE_SIZE
+    opts = _Options(use_zarr3, use_compression, chunk_byte_size, target, bool(replica_parallel), bool(copy),
+                    workers or default_workers(), sync)
+
+    if composite:
+        if not isinstance(tree, Mapping) or not tree:
+            raise TypeError("composite=True needs a non-empty dict of item name -> tree or JsonItem")
+        _item_names(tree)
+        items: dict[str, Any] = dict(tree)
+    else:
+        if isinstance(tree, JsonItem):
+            raise TypeError("a JsonItem is saved as one item of a composite save (composite=True)")
+        items = {"": tree}
+    plans: dict[str, _ItemPlan | JsonItem] = {}
+    for name, value in items.items():
+        if isinstance(value, JsonItem):
+            layout_writer.json_item(value.value)  # fail early if not serializable
+            plans[name] = value
+        else:
+            plans[name] = _plan_item(name or None, value, coord, opts, handler, pytree_custom_metadata)
+
+    arena = _copy_shared(plans, min(opts.workers, 4), keep_copy_buffer) if opts.copy else None
+    dest = open_destination(path, storage_options)
+    init_ns = time.time_ns()
+
+    def work() -> None:
+        _run(dest, plans, coord, opts, composite, force, custom_metadata, init_ns)
+        if arena is not None and keep_copy_buffer:
+            from ocdbt_py.checkpoint.saving.host_copy import keep_arena
+
+            plans.clear()  # nothing references the copies any more
+            keep_arena(arena)
+
+    return async_save.start(dest.display, work, blocking=blocking, started=started)
+
+
+def _run(dest: Destination, plans: Mapping[str, _ItemPlan | JsonItem], coord: Coordinator, opts: _Options,
+         composite: bool, force: bool, custom_metadata: Mapping[str, Any] | None, init_ns: int) -> None:
+    err: BaseException | None = None
+    if coord.is_primary:
+        try:
+            dest.prepare(force)
+        except BaseException as e:  # noqa: BLE001 - shared with the other processes first
+            err = e
+    coord.sync("prepared", err)
+    root = dest.write_kv
+    own: dict[str, dict[bytes, Any] | None] = {}
+    try:
+        for name, plan in plans.items():
+            if isinstance(plan, _ItemPlan):
+                item_kv = PrefixStore(root, name) if name else root
+                own[name] = _write_process_part(item_kv, plan, coord, opts)
+        if opts.sync:
+            dest.sync()
+    except BaseException as e:  # noqa: BLE001
+        err = e
+    coord.sync("written", err)
+    if coord.is_primary:
+        try:
+            _commit(dest, root, plans, coord, opts, composite, custom_metadata, init_ns, own)
+        except BaseException as e:  # noqa: BLE001
+            err = e
+    coord.sync("committed", err)
+
+
+def _commit(dest: Destination, root: KvStore, plans: Mapping[str, _ItemPlan | JsonItem], coord: Coordinator,
+            opts: _Options, composite: bool, custom_metadata: Mapping[str, Any] | None, init_ns: int,
+            own: Mapping[str, dict[bytes, Any] | None]) -> None:
+    """Step 4 (primary): merged roots, metadata documents, commit markers, then the commit."""
+    handlers: dict[str, str] = {}
+    for name, plan in plans.items():
+        item_kv = PrefixStore(root, name) if name else root
+        if isinstance(plan, JsonItem):
+            item_kv.set(layout_writer.JSON_ITEM_FILE, layout_writer.json_item(plan.value))
+            handlers[name] = layout_writer.JSON_HANDLER
+        else:
+            _finalize_item(item_kv, plan, coord, opts, own.get(name))
+            handlers[name] = plan.handler
+        if composite:
+            item_kv.set(layout_writer.COMMIT_MARKER,
+                        layout_writer.commit_marker(f"{dest.write_display.rstrip('/')}/{name}"))
+    item_handlers: str | dict[str, str] = handlers if composite else handlers[""]
+    root.set(layout_writer.CHECKPOINT_METADATA, layout_writer.checkpoint_metadata(
+        item_handlers, init_ns=init_ns, commit_ns=time.time_ns(), custom_metadata=custom_metadata))
+    root.set(layout_writer.COMMIT_MARKER, layout_writer.commit_marker(dest.display))
+    dest.commit(sync=opts.sync)

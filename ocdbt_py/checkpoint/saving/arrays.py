@@ -1,0 +1,238 @@
+"""One array as Orbax stores it: Zarr metadata, chunk keys and chunk encoding.
+
+* Zarr v2 (Orbax's default): ``<param>/.zarray`` (``compressor`` zstd level 1,
+  ``fill_value`` null) and chunks ``<param>/i.j`` (``<param>/0`` for a 0-d array), each one
+  zstd frame of the C-order little-endian bytes.
+* Zarr v3 (``use_zarr3=True``): ``<param>/zarr.json`` with one ``sharding_indexed`` codec
+  whose inner chunk equals the chunk grid (bytes + zstd level 3, index bytes + crc32c at the
+  end), and chunks ``<param>/c/i/j`` (``<param>/c``): the inner chunk's encoding followed by
+  the 16-byte index ``(offset 0, length)`` and its CRC-32C.
+
+Metadata bytes come from :mod:`zarr3` and equal TensorStore's output byte for byte.  Chunks
+are encoded straight from the caller's buffer (no copy for a contiguous whole chunk) and large
+ones are compressed as a stream into the data file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+import struct
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ocdbt_py.checkpoint.saving.ocdbt_build import StoredValue, ValueSink
+from ocdbt_py.format.envelope import crc32c
+
+__all__ = ["ArraySpec", "storage_dtype", "zarr_metadata", "chunk_regions", "encode_chunk", "encode_small",
+           "Compressors", "ONE_SHOT_BYTES"]
+
+#: Chunks at most this large are compressed in one call; larger ones are streamed.
+ONE_SHOT_BYTES = 1 << 20
+_INDEX = struct.Struct("<QQ")
+
+
+#: Zarr data types TensorStore 0.1.86 (so Orbax) reads; ml_dtypes has a few more.
+SUPPORTED_DTYPES = frozenset({
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128", "bfloat16",
+    "float8_e3m4", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e4m3b11fnuz", "float8_e5m2",
+    "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn", "int2", "int4",
+})
+
+
+def storage_dtype(dtype: Any) -> np.dtype[Any]:
+    """The native-order NumPy dtype a value is stored as.
+
+    Raises ``TypeError`` for types TensorStore (and so Orbax) cannot store: structured and
+    raw types, strings, objects, and ml_dtypes' ``uint2``/``uint4``/``float6_*``/``float8_e4m3``.
+    """
+    from zarr3.dtypes import data_type_from_numpy
+
+    try:
+        dt = data_type_from_numpy(np.dtype(dtype))
+    except Exception as e:  # noqa: BLE001 - zarr3's MetadataError or numpy's TypeError
+        raise TypeError(f"dtype {dtype} cannot be stored in a checkpoint") from e
+    if dt.name not in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype {dt.name} cannot be stored in a checkpoint (TensorStore/Orbax cannot read it)")
+    return dt.dtype
+
+
+@functools.lru_cache(maxsize=4096)
+def zarr_metadata(
+    shape: tuple[int, ...], dtype: np.dtype[Any], chunk_shape: tuple[int, ...], zarr_format: int, compression: bool
+) -> bytes:
+    """``.zarray`` / ``zarr.json`` bytes as TensorStore writes them for Orbax."""
+    from zarr3.codecs import BytesCodec, ShardingCodec, ZstdCodec, compressor_from_v2
+    from zarr3.dtypes import data_type_from_numpy, v2_dtype_string
+    from zarr3.fill_value import default_fill_value
+    from zarr3.metadata_v2 import ArrayMetadataV2
+    from zarr3.metadata_v3 import ArrayMetadataV3
+
+    dt = data_type_from_numpy(dtype)
+    meta: ArrayMetadataV2 | ArrayMetadataV3
+    if zarr_format == 2:
+        comp = compressor_from_v2({"id": "zstd", "level": 1}, dt.itemsize) if compression else None
+        meta = ArrayMetadataV2(
+            shape=shape, data_type=dt, chunk_shape=chunk_shape, fill_value=None, compressor=comp,
+            dtype_string=v2_dtype_string(dt),
+        )
+    else:
+        inner: list[Any] = [BytesCodec()]
+        if compression:
+            inner.append(ZstdCodec(level=3, checksum=False))
+        meta = ArrayMetadataV3(
+            shape=shape, data_type=dt, chunk_shape=chunk_shape, fill_value=default_fill_value(dt),
+            codecs=[ShardingCodec(chunk_shape, inner, None, "end")],
+        )
+    return meta.to_bytes()
+
+
+@dataclasses.dataclass(frozen=True)
+class ArraySpec:
+    """How one param is stored: global shape, storage dtype, write and chunk shapes."""
+
+    param: str
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    write_shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    zarr_format: int = 2
+    compression: bool = True
+
+    @property
+    def metadata_key(self) -> str:
+        """OCDBT key of the Zarr metadata."""
+        return f"{self.param}/{'.zarray' if self.zarr_format == 2 else 'zarr.json'}"
+
+    def metadata_bytes(self) -> bytes:
+        """The Zarr metadata document."""
+        return zarr_metadata(self.shape, self.dtype, self.chunk_shape, self.zarr_format, self.compression)
+
+    def chunk_key(self, coords: Sequence[int]) -> str:
+        """OCDBT key of the chunk at grid position ``coords``."""
+        if self.zarr_format == 2:
+            return f"{self.param}/{'.'.join(map(str, coords)) if coords else '0'}"
+        return f"{self.param}/c" + "".join(f"/{c}" for c in coords)
+
+    @property
+    def zstd_level(self) -> int | None:
+        """zstd level of the chunks (``None``: uncompressed)."""
+        if not self.compression:
+            return None
+        return 1 if self.zarr_format == 2 else 3
+
+
+def chunk_regions(
+    spec: ArraySpec, origin: Sequence[int], data_shape: Sequence[int]
+) -> Iterator[tuple[tuple[int, ...], tuple[slice, ...]]]:
+    """``(chunk grid coords, slices into the region)`` of every chunk the region covers.
+
+    The region starts at ``origin`` (global coordinates) and has shape ``data_shape``; it must
+    start on chunk boundaries (shards and replica slices always do).
+    """
+    cs = spec.chunk_shape
+    ranges: list[list[tuple[int, slice]]] = []
+    for d, (o, n, c) in enumerate(zip(origin, data_shape, cs)):
+        if o % c:
+            raise ValueError(f"region of {spec.param!r} starts at {o} on axis {d}, not a multiple of the chunk {c}")
+        axis = []
+        for start in range(0, max(n, 0), c):
+            axis.append(((o + start) // c, slice(start, min(start + c, n))))
+        ranges.append(axis)
+    for combo in itertools.product(*ranges):
+        yield tuple(c for c, _ in combo), tuple(s for _, s in combo)
+
+
+def _chunk_bytes(spec: ArraySpec, view: np.ndarray) -> memoryview:
+    """The chunk's C-order little-endian bytes (padded to the full chunk at array edges)."""
+    if view.dtype.byteorder == ">":
+        view = view.astype(view.dtype.newbyteorder("<"))
+    if view.dtype != spec.dtype:
+        view = view.astype(spec.dtype) if view.dtype.kind != "V" else view.view(spec.dtype)
+    if view.shape != spec.chunk_shape:
+        full = np.zeros(spec.chunk_shape, dtype=spec.dtype)
+        full[tuple(slice(0, s) for s in view.shape)] = view
+        view = full
+    elif not view.flags.c_contiguous:
+        view = np.ascontiguousarray(view)
+    return memoryview(view.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+
+
+class Compressors:
+    """One zstd compressor per thread and level (compressors are not thread-safe)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def get(self, level: int) -> Any:
+        """This thread's compressor for ``level``."""
+        import zstandard
+
+        cache = getattr(self._local, "c", None)
+        if cache is None:
+            cache = self._local.c = {}
+        c = cache.get(level)
+        if c is None:
+            c = cache[level] = zstandard.ZstdCompressor(level=level, write_checksum=False)
+        return c
+
+
+class _Counting:
+    """Passes writes to a :class:`ValueSink`, counting bytes (zstd's ``stream_writer`` target)."""
+
+    __slots__ = ("sink", "n")
+
+    def __init__(self, sink: ValueSink):
+        self.sink = sink
+        self.n = 0
+
+    def write(self, data: bytes) -> int:
+        self.n += len(data)
+        return self.sink.write(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def encode_chunk(spec: ArraySpec, view: np.ndarray, sink: ValueSink, compressors: Compressors) -> StoredValue:
+    """Encode one chunk into ``sink``; returns what the leaf entry stores."""
+    raw = _chunk_bytes(spec, view)
+    level = spec.zstd_level
+    if level is None:
+        sink.write(raw)
+        inner = raw.nbytes
+    elif raw.nbytes <= ONE_SHOT_BYTES:
+        comp = compressors.get(level).compress(raw)
+        sink.write(comp)
+        inner = len(comp)
+    else:
+        counter = _Counting(sink)
+        with compressors.get(level).stream_writer(counter, size=raw.nbytes, closefd=False) as w:
+            w.write(raw)
+        inner = counter.n
+    if spec.zarr_format == 3:
+        index = _INDEX.pack(0, inner)
+        sink.write(index + crc32c(index).to_bytes(4, "little"))
+    return sink.finish()
+
+
+def encode_small(spec: ArraySpec, view: np.ndarray, compressors: Compressors) -> bytes:
+    """The stored value of a small chunk (at most :data:`ONE_SHOT_BYTES`), encoded in memory."""
+    raw = _chunk_bytes(spec, view)
+    level = spec.zstd_level
+    inner = raw.tobytes() if level is None else compressors.get(level).compress(raw)
+    if spec.zarr_format == 3:
+        index = _INDEX.pack(0, len(inner))
+        return b"".join((inner, index, crc32c(index).to_bytes(4, "little")))
+    return inner
+
+
+def nbytes_of(shape: Sequence[int], dtype: np.dtype[Any]) -> int:
+    """Bytes of an array of ``shape`` and ``dtype``."""
+    return math.prod(shape) * dtype.itemsize

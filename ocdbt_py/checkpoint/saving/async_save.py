@@ -1,0 +1,108 @@
+"""Saves that finish in the background: :class:`SaveHandle`.
+
+``save(..., blocking=False)`` copies what it needs to host memory, then hands encoding, I/O,
+the merge and the commit to a (non-daemon) thread and returns a handle.  Saves run one at a
+time per process: a new save first waits for the previous one and re-raises its error if
+nobody collected it with :meth:`SaveHandle.wait`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["SaveHandle", "start", "wait_for_previous"]
+
+_lock = threading.Lock()
+_last: SaveHandle | None = None
+
+
+class SaveHandle:
+    """A save in progress (or finished): :meth:`wait` blocks and re-raises its error."""
+
+    def __init__(self, path: str):
+        #: Where the checkpoint is committed.
+        self.path = path
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._reported = False
+        self._thread: threading.Thread | None = None
+        #: Seconds the caller was blocked (planning and host copies).
+        self.blocking_seconds = 0.0
+        #: Seconds from the call to the commit (set when done).
+        self.total_seconds: float | None = None
+
+    def done(self) -> bool:
+        """Whether the save has finished (successfully or not)."""
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the save is committed; re-raise its error.
+
+        Raises ``TimeoutError`` when ``timeout`` seconds pass first.
+        """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"save to {self.path} still running after {timeout} s")
+        if self._error is not None:
+            self._reported = True
+            raise self._error
+
+    def exception(self) -> BaseException | None:
+        """The error the save failed with (``None`` while running or on success)."""
+        return self._error
+
+    def _finish(self, error: BaseException | None, started: float) -> None:
+        self._error = error
+        self.total_seconds = time.perf_counter() - started
+        self._done.set()
+
+    def __repr__(self) -> str:
+        state = "running" if not self.done() else ("failed" if self._error else "done")
+        return f"<SaveHandle {self.path} {state}>"
+
+
+def wait_for_previous() -> None:
+    """Block until this process's previous save finished; raise its error if unreported."""
+    with _lock:
+        prev = _last
+    if prev is None:
+        return
+    prev._done.wait()
+    if prev._error is not None and not prev._reported:
+        prev._reported = True
+        raise RuntimeError(f"the previous save to {prev.path} failed") from prev._error
+
+
+def start(path: str, work: Callable[[], None], *, blocking: bool, started: float) -> SaveHandle:
+    """Run ``work`` now (``blocking``) or on a background thread; returns its handle."""
+    global _last
+    handle = SaveHandle(path)
+    handle.blocking_seconds = time.perf_counter() - started
+    if blocking:
+        with _lock:
+            _last = handle
+        try:
+            work()
+        except BaseException as e:
+            handle._reported = True
+            handle._finish(e, started)
+            raise
+        handle._finish(None, started)
+        handle.blocking_seconds = handle.total_seconds or 0.0
+        return handle
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as e:  # noqa: BLE001 - handed to wait()
+            handle._finish(e, started)
+            return
+        handle._finish(None, started)
+
+    t = threading.Thread(target=run, name=f"ocdbt-save:{path}", daemon=False)
+    handle._thread = t
+    with _lock:
+        _last = handle
+    t.start()
+    return handle

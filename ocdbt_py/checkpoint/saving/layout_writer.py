@@ -1,0 +1,159 @@
+"""The small metadata documents of an Orbax checkpoint, serialized exactly as Orbax 0.12 does.
+
+Python-``json.dumps`` documents (``_METADATA``, ``_CHECKPOINT_METADATA``,
+``array_metadatas/process_<i>``, a JSON item's ``metadata``) use Python's default separators;
+TensorStore-``json``-driver documents (``_sharding``, ``_strings.json``) are compact with sorted
+keys and UTF-8 text.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ocdbt_py.checkpoint.saving.params import JAX_ARRAY, Leaf
+
+__all__ = [
+    "PYTREE_HANDLER",
+    "STANDARD_HANDLER",
+    "JSON_HANDLER",
+    "TREE_METADATA",
+    "SHARDING",
+    "STRINGS",
+    "CHECKPOINT_METADATA",
+    "COMMIT_MARKER",
+    "ARRAY_METADATAS",
+    "JSON_ITEM_FILE",
+    "tree_metadata",
+    "sharding_file",
+    "strings_file",
+    "array_metadatas_file",
+    "checkpoint_metadata",
+    "commit_marker",
+    "json_item",
+    "sharding_key",
+]
+
+PYTREE_HANDLER = "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
+STANDARD_HANDLER = "orbax.checkpoint._src.handlers.standard_checkpoint_handler.StandardCheckpointHandler"
+JSON_HANDLER = "orbax.checkpoint._src.handlers.json_checkpoint_handler.JsonCheckpointHandler"
+
+TREE_METADATA = "_METADATA"
+SHARDING = "_sharding"
+STRINGS = "_strings.json"
+CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
+COMMIT_MARKER = "commit_success.txt"
+ARRAY_METADATAS = "array_metadatas"
+JSON_ITEM_FILE = "metadata"
+
+
+def _ts_json(obj: Any) -> bytes:
+    """JSON as TensorStore's json driver (nlohmann) writes it: compact, sorted keys, UTF-8."""
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8")
+
+
+def tree_metadata(
+    leaves: Sequence[Leaf],
+    write_shapes: Mapping[str, Sequence[int]],
+    *,
+    use_zarr3: bool,
+    custom_metadata: Any = None,
+) -> bytes:
+    """``_METADATA``: one entry per leaf (empty leaves included), in tree order."""
+    entries: dict[str, Any] = {}
+    for leaf in leaves:
+        value: dict[str, Any] = {"value_type": leaf.value_type, "skip_deserialize": not leaf.has_data}
+        if leaf.value_type == JAX_ARRAY and leaf.param_name in write_shapes:
+            value["write_shape"] = list(write_shapes[leaf.param_name])
+        entries[leaf.tree_key] = {
+            "key_metadata": [{"key": n, "key_type": t} for n, t in zip(leaf.names, leaf.key_types)],
+            "value_metadata": value,
+        }
+    doc = {
+        "tree_metadata": entries,
+        "use_ocdbt": True,
+        "use_zarr3": bool(use_zarr3),
+        "store_array_data_equal_to_fill_value": True,
+        "custom_metadata": custom_metadata,
+    }
+    return json.dumps(doc).encode("utf-8")
+
+
+def sharding_key(param_name: str) -> str:
+    """The ``_sharding`` member name of a param: URL-safe base64 of its name."""
+    return base64.urlsafe_b64encode(param_name.encode("utf-8")).decode("ascii")
+
+
+def sharding_file(shardings: Mapping[str, str]) -> bytes:
+    """``_sharding``: ``{base64(param): serialized sharding JSON string}``."""
+    return _ts_json({sharding_key(p): s for p, s in shardings.items()})
+
+
+def strings_file(strings: Mapping[str, str]) -> bytes:
+    """``_strings.json``: string leaves nested by the ``/``-separated param name."""
+    root: dict[str, Any] = {}
+    for name, value in strings.items():
+        parts = name.split("/")
+        node = root
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ValueError(f"string leaf {name!r} collides with another string leaf in _strings.json")
+            node = nxt
+        if parts[-1] in node:
+            raise ValueError(f"string leaf {name!r} collides with another string leaf in _strings.json")
+        node[parts[-1]] = value
+    return _ts_json(root)
+
+
+def array_metadatas_file(entries: Iterable[tuple[str, Sequence[int], Sequence[int], Any]]) -> bytes:
+    """``array_metadatas/process_<i>``: write and chunk shape of every jax.Array param."""
+    doc = {
+        "array_metadatas": [
+            {
+                "array_metadata": {
+                    "param_name": name,
+                    "write_shape": list(write_shape),
+                    "chunk_shape": list(chunk_shape),
+                    "ext_metadata": ext,
+                }
+            }
+            for name, write_shape, chunk_shape, ext in entries
+        ]
+    }
+    return json.dumps(doc).encode("utf-8")
+
+
+def checkpoint_metadata(
+    item_handlers: str | Mapping[str, str] | None,
+    *,
+    init_ns: int,
+    commit_ns: int | None,
+    custom_metadata: Mapping[str, Any] | None = None,
+) -> bytes:
+    """``_CHECKPOINT_METADATA`` of a checkpoint (step) directory."""
+    doc: dict[str, Any] = {
+        "item_handlers": dict(item_handlers) if isinstance(item_handlers, Mapping) else item_handlers,
+        "metrics": {},
+        "performance_metrics": {},
+        "init_timestamp_nsecs": init_ns,
+    }
+    if commit_ns is not None:
+        doc["commit_timestamp_nsecs"] = commit_ns
+    doc["custom_metadata"] = dict(custom_metadata or {})
+    return json.dumps(doc).encode("utf-8")
+
+
+def commit_marker(path: str) -> bytes:
+    """``commit_success.txt``: its existence is what matters; the text names the directory."""
+    return f"Checkpoint commit was successful to {path}".encode()
+
+
+def json_item(obj: Any) -> bytes:
+    """A JSON item's ``metadata`` file (JsonCheckpointHandler: ``json.dumps``)."""
+    try:
+        return json.dumps(obj).encode("utf-8")
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"JSON item is not JSON-serializable: {e}") from e

@@ -1,0 +1,131 @@
+"""``save(..., blocking=False)``: handles, host copies, errors and ordering of saves."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ocdbt_py.checkpoint import restore, save
+from ocdbt_py.checkpoint.saving import CheckpointExistsError, SaveHandle
+from ocdbt_py.checkpoint.saving import process_writer as pw
+from ocdbt_py.errors import StorageError
+from ocdbt_py.faults import FaultyStore, InjectedFault
+from ocdbt_py.kvstore import MemoryStore
+
+
+@pytest.fixture
+def slow_chunks(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Chunk encoding blocks until the returned event is set (so a save stays in flight)."""
+    gate = threading.Event()
+
+    def gated(orig: Any) -> Any:
+        def run(*a: Any, **k: Any) -> Any:
+            assert gate.wait(30), "test gate never opened"
+            return orig(*a, **k)
+
+        return run
+
+    monkeypatch.setattr(pw, "encode_chunk", gated(pw.encode_chunk))
+    monkeypatch.setattr(pw, "encode_small", gated(pw.encode_small))
+    return gate
+
+
+def test_async_returns_before_writing_and_copies_inputs(tmp_path: Path, slow_chunks: threading.Event) -> None:
+    a = np.arange(1000, dtype=np.float32)
+    h = save(tmp_path / "c", {"a": a}, blocking=False)
+    assert isinstance(h, SaveHandle) and not h.done()
+    assert not (tmp_path / "c").exists()  # only the temporary directory so far
+    a[:] = -1  # the caller may reuse its buffers at once
+    slow_chunks.set()
+    h.wait(timeout=30)
+    assert h.done() and h.exception() is None
+    assert np.array_equal(restore(tmp_path / "c")["a"], np.arange(1000, dtype=np.float32))
+    assert h.total_seconds is not None and h.blocking_seconds <= h.total_seconds
+
+
+def test_second_save_waits_for_the_first(tmp_path: Path, slow_chunks: threading.Event) -> None:
+    h1 = save(tmp_path / "1", {"a": np.ones(10)}, blocking=False)
+    started = threading.Event()
+    result: dict[str, Any] = {}
+
+    def second() -> None:
+        started.set()
+        result["h"] = save(tmp_path / "2", {"a": np.zeros(10)}, blocking=False)
+
+    t = threading.Thread(target=second)
+    t.start()
+    assert started.wait(5)
+    time.sleep(0.3)
+    assert "h" not in result  # still waiting for the first save
+    slow_chunks.set()
+    t.join(30)
+    h1.wait()
+    result["h"].wait()
+    assert np.array_equal(restore(tmp_path / "1")["a"], np.ones(10))
+    assert np.array_equal(restore(tmp_path / "2")["a"], np.zeros(10))
+
+
+def test_background_error_is_reraised_by_wait() -> None:
+    store = FaultyStore(MemoryStore(), fail_at=3, ops={"set"})
+    h = save(store, {"a": np.ones(3), "b": np.ones(2000)}, blocking=False)
+    with pytest.raises(StorageError):
+        h.wait(timeout=30)
+    assert isinstance(h.exception(), InjectedFault)
+    assert not store.base.exists("commit_success.txt")
+    h2 = save(MemoryStore(), {"a": 1})  # the error was collected: the next save proceeds
+    assert h2.done()
+
+
+def test_uncollected_error_surfaces_on_next_save() -> None:
+    store = FaultyStore(MemoryStore(), fail_at=2, ops={"set"})
+    h = save(store, {"a": np.ones(3)}, blocking=False)
+    while not h.done():
+        time.sleep(0.01)
+    with pytest.raises(RuntimeError, match="previous save"):
+        save(MemoryStore(), {"a": 1})
+    save(MemoryStore(), {"a": 1})  # reported once
+
+
+def test_blocking_errors_raise_directly(tmp_path: Path) -> None:
+    save(tmp_path / "c", {"a": 1})
+    with pytest.raises(CheckpointExistsError):
+        save(tmp_path / "c", {"a": 2})
+    h = save(tmp_path / "d", {"a": 1}, blocking=False)
+    h.wait()
+    h2 = save(tmp_path / "d", {"a": 2}, blocking=False)
+    with pytest.raises(CheckpointExistsError):
+        h2.wait()
+
+
+def test_wait_timeout(tmp_path: Path, slow_chunks: threading.Event) -> None:
+    h = save(tmp_path / "c", {"a": np.ones(4)}, blocking=False)
+    with pytest.raises(TimeoutError):
+        h.wait(timeout=0.05)
+    slow_chunks.set()
+    h.wait(timeout=30)
+    assert "done" in repr(h)
+
+
+def test_copy_buffer_is_reused_between_async_saves(tmp_path: Path) -> None:
+    from ocdbt_py.checkpoint.saving import host_copy
+
+    a = {"x": np.arange(3_000_000, dtype=np.float32), "y": np.ones((50, 60))}
+    b = {"x": np.arange(3_000_000, dtype=np.float32)[::-1].copy(), "y": np.zeros((50, 60))}
+    save(tmp_path / "a", a, blocking=False).wait()
+    kept = host_copy._cached
+    assert kept is not None and kept.nbytes >= a["x"].nbytes + a["y"].nbytes
+    h = save(tmp_path / "b", b, blocking=False)
+    b["x"][:] = -1  # the caller's buffers are free again at once
+    h.wait()
+    assert host_copy._cached is kept  # the same mapping served the second save
+    for name, want in (("a", a), ("b", {"x": np.arange(3_000_000, dtype=np.float32)[::-1], "y": np.zeros((50, 60))})):
+        got = restore(tmp_path / name)
+        assert np.array_equal(got["x"], want["x"]) and np.array_equal(got["y"], want["y"])
+    save(tmp_path / "c", {"z": np.ones(10)}, blocking=False, keep_copy_buffer=False).wait()
+    host_copy.release_cached_arena()
+    assert host_copy._cached is None
