@@ -7,28 +7,13 @@ slab of one tensor, not the model.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fnmatch
-from collections.abc import Iterator
 from typing import Any
 
+from ocdbt_py.cli.errors import value_errors_as_usage
 from ocdbt_py.cli.options import add_location, storage_options
 
 __all__ = ["register", "run"]
-
-
-@contextlib.contextmanager
-def _usage_errors() -> Iterator[None]:
-    """Bad option combinations (``--step`` on an item, ``--item`` on an item) are usage errors."""
-    from ocdbt_py.cli.errors import UsageError
-    from ocdbt_py.errors import OcdbtError
-
-    try:
-        yield
-    except ValueError as e:
-        if isinstance(e, OcdbtError):
-            raise
-        raise UsageError(str(e)) from e
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -102,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     kw = {"dtype": args.dtype, "rename": _renamer(args), "item": args.item, "step": args.step,
           "storage_options": storage_options(args)}
-    with warnings.catch_warnings(record=True) as caught, _usage_errors():
+    with warnings.catch_warnings(record=True) as caught, value_errors_as_usage():
         warnings.simplefilter("always", UncommittedStepWarning)
         if fmt == "safetensors":
             names = export_safetensors(args.url, args.out, **kw)

@@ -7,27 +7,12 @@ latest finalized step, or ``--step N``).  Reads metadata only, never array data.
 from __future__ import annotations
 
 import argparse
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
+from ocdbt_py.cli.errors import value_errors_as_usage
 from ocdbt_py.cli.options import add_json, add_location, storage_options
 
 __all__ = ["register", "run"]
-
-
-@contextlib.contextmanager
-def _usage_errors() -> Iterator[None]:
-    """Bad option combinations (``--step`` on an item, ``--item`` on an item) are usage errors."""
-    from ocdbt_py.cli.errors import UsageError
-    from ocdbt_py.errors import OcdbtError
-
-    try:
-        yield
-    except ValueError as e:
-        if isinstance(e, OcdbtError):
-            raise
-        raise UsageError(str(e)) from e
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -186,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
 
     opts = storage_options(args)
     skipped: list[str] = []
-    with warnings.catch_warnings(record=True) as caught, _usage_errors():
+    with warnings.catch_warnings(record=True) as caught, value_errors_as_usage():
         warnings.simplefilter("always", UncommittedStepWarning)
         r = resolve(args.url, step=args.step, storage_options=opts)
         tree = metadata(r.kv, item=args.item)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["CliError", "UsageError"]
+import contextlib
+from collections.abc import Iterator
+
+__all__ = ["CliError", "UsageError", "value_errors_as_usage"]
 
 
 class CliError(Exception):
@@ -23,3 +26,17 @@ class UsageError(CliError):
     """The arguments do not make sense (exit status 2, like argparse's own errors)."""
 
     status = 2
+
+
+@contextlib.contextmanager
+def value_errors_as_usage() -> Iterator[None]:
+    """Turn a plain ``ValueError`` (a bad option combination, e.g. ``--step`` on an item
+    directory) into a :class:`UsageError`; our own errors pass through unchanged."""
+    from ocdbt_py.errors import OcdbtError
+
+    try:
+        yield
+    except ValueError as e:
+        if isinstance(e, OcdbtError):
+            raise
+        raise UsageError(str(e)) from e
