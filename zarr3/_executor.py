@@ -121,13 +121,14 @@ class IoSink:
         if failed:
             failed[0].result()
 
-    def wait(self) -> None:
-        """Wait for every queued write; re-raise the first error."""
+    def wait(self, *, suppress: bool = False) -> None:
+        """Wait for every queued write; re-raise the first error unless ``suppress``."""
         with self._flock:
             futures = list(self._futures)
         concurrent.futures.wait(futures)
-        for f in futures:
-            f.result()
+        if not suppress:
+            for f in futures:
+                f.result()
 
 
 def batched(items: Iterable[T], n: int) -> Iterator[list[T]]:

@@ -500,12 +500,6 @@ class Array:
     def _skip_fill(self) -> bool:
         return not self.write_empty_chunks and self._meta.fill_value is not None
 
-    def _chunk_template(self, shape: Sequence[int]) -> np.ndarray:
-        fill = self._meta.fill_value
-        if fill is None:
-            return np.zeros(shape, dtype=self.dtype)
-        return np.full(shape, fill, dtype=self.dtype)
-
     def _store_encoded(self, sink: IoSink, key: str, data: Buffer | None) -> None:
         store = self._store
         if data is None:
@@ -573,8 +567,10 @@ class Array:
                 run_pipeline(self._store, partial, lambda u: (u[0], None), handle)
             if covered:
                 run_jobs(covered_job(k, c) for k, c in covered)
-        finally:
-            sink.wait()
+        except BaseException:
+            sink.wait(suppress=True)  # let queued writes finish; report the first error
+            raise
+        sink.wait()
 
     def _write_sharded(self, sel: Selection, val: np.ndarray, shard: ShardingCodec) -> None:
         meta = self._meta
@@ -585,6 +581,9 @@ class Array:
         cps = shard.chunks_per_shard
         inner_shape = shard.chunk_shape
         write_empty = self.write_empty_chunks
+        scratch = _Scratch(inner.spec.nbytes)
+        dtype = self.dtype
+        fill_elem = np.zeros((), dtype) if fill is None else fill
 
         def encode_inner(arr: np.ndarray) -> Buffer | None:
             if skip_fill and equals_fill(arr, fill):
@@ -611,19 +610,23 @@ class Array:
                 for d, p in enumerate(combo):
                     i = i * cps[d] + (p.chunk - coords[d] * cps[d])
                 part = val[tuple(p.out for p in combo)]
+                chunk = scratch.array(inner_shape, dtype)  # reused: no allocation per chunk
                 if all(p.full for p in combo):
-                    arr = part
+                    np.copyto(chunk, part)
                 elif all(p.covers for p in combo):
-                    arr = self._chunk_template(inner_shape)
-                    arr[tuple(p.local for p in combo)] = part
+                    chunk[...] = fill_elem
+                    chunk[tuple(p.local for p in combo)] = part
                 else:
                     old = entries[i]
                     if old is not None:
-                        arr = np.array(inner.decode(old), copy=True)
+                        inner.decode_into(old, chunk)
                     else:
-                        arr = self._chunk_template(inner_shape)
-                    arr[tuple(p.local for p in combo)] = part
-                entries[i] = encode_inner(arr)
+                        chunk[...] = fill_elem
+                    chunk[tuple(p.local for p in combo)] = part
+                encoded = encode_inner(chunk)
+                if encoded is not None and not isinstance(encoded, bytes):
+                    encoded = bytes(encoded)  # it may view the scratch buffer
+                entries[i] = encoded
             parts = shard.assemble_parts(entries)
             store = self._store
             if parts is None:
@@ -657,8 +660,10 @@ class Array:
                     (lambda u=u: build(u[0], u[1], u[2], None))  # type: ignore[misc]
                     for u in covered
                 )
-        finally:
-            sink.wait()
+        except BaseException:
+            sink.wait(suppress=True)  # let queued writes finish; report the first error
+            raise
+        sink.wait()
 
     # -- attributes ------------------------------------------------------------------------
     def update_attributes(self, new: Mapping[str, Any]) -> dict[str, Any]:

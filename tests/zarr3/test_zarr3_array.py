@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import uuid
 from collections.abc import Sequence
 
 import ml_dtypes
@@ -60,11 +61,8 @@ SELECTIONS = [
 ]
 
 
-@pytest.mark.parametrize("fmt", [2, 3])
-@pytest.mark.parametrize("sharded", [False, True])
+@pytest.mark.parametrize("fmt, sharded", [(2, False), (3, False), (3, True)])
 def test_selections_match_numpy(fmt: int, sharded: bool) -> None:
-    if fmt == 2 and sharded:
-        pytest.skip("no sharding in v2")
     store = MemoryStore()
     ref = _data((9, 11))
     kwargs = {"shards": (6, 4)} if sharded else {}
@@ -434,9 +432,10 @@ def test_local_path_and_fsspec_url(tmp_path) -> None:  # type: ignore[no-untyped
     np.testing.assert_array_equal(zarr3.open(str(tmp_path), "arr")[...], ref)
     np.testing.assert_array_equal(zarr3.open(LocalStore(tmp_path), "arr")[...], ref)
     np.testing.assert_array_equal(zarr3.open("file://" + str(tmp_path / "arr"))[...], ref)
-    m = zarr3.create("memory://zarr3-test/arr", shape=(5, 7), dtype="uint16", chunks=(2, 3))
+    url = f"memory://zarr3-test-{uuid.uuid4().hex}/arr"
+    m = zarr3.create(url, shape=(5, 7), dtype="uint16", chunks=(2, 3))
     m[...] = ref
-    np.testing.assert_array_equal(zarr3.open("memory://zarr3-test/arr")[1:4, ::2], ref[1:4, ::2])
+    np.testing.assert_array_equal(zarr3.open(url)[1:4, ::2], ref[1:4, ::2])
 
 
 def test_ocdbt_like_store_uses_as_kvstore() -> None:
@@ -454,6 +453,7 @@ def test_many_chunks_parallel_read_write(monkeypatch: pytest.MonkeyPatch) -> Non
     store = MemoryStore()
     shape = (64, 48)
     ref = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    before = zarr3.num_threads()
     for threads in (1, 3):
         zarr3.set_num_threads(threads)
         try:
@@ -462,7 +462,7 @@ def test_many_chunks_parallel_read_write(monkeypatch: pytest.MonkeyPatch) -> Non
             np.testing.assert_array_equal(zarr3.open(store, f"t{threads}")[...], ref)
             np.testing.assert_array_equal(zarr3.open(store, f"t{threads}")[3:60:4, ::-5], ref[3:60:4, ::-5])
         finally:
-            zarr3.set_num_threads(2)
+            zarr3.set_num_threads(before)
 
 
 def test_all_chunk_combinations_of_small_grid() -> None:
@@ -564,3 +564,40 @@ def test_no_fill_value_means_zero_bits() -> None:
     assert edge is None
     a[2, 2] = 2.0
     assert store.get("1.1") == bytes([0x80, 0, 0, 0])
+
+
+class FailingStore(MemoryStore):
+    """Fails reads or writes of chunk keys containing ``bad``."""
+
+    def __init__(self, bad: str, on: str) -> None:
+        super().__init__()
+        self.bad, self.on = bad, on
+
+    def get(self, key, byte_range=None):  # type: ignore[no-untyped-def]
+        if self.on == "get" and self.bad in key:
+            raise OSError(f"boom reading {key}")
+        return super().get(key, byte_range)
+
+    def get_many(self, requests: Sequence[ReadRequest]) -> list[bytes | None]:
+        return [self.get(*normalize_request(r)) for r in requests]
+
+    def set(self, key, value):  # type: ignore[no-untyped-def]
+        if self.on == "set" and self.bad in key:
+            raise OSError(f"boom writing {key}")
+        super().set(key, value)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_storage_errors_propagate(sharded: bool) -> None:
+    kw = {"shards": (4, 4)} if sharded else {}
+    ref = _data((8, 8), "int32") + 1
+    w = FailingStore("c/1/1", "set")
+    a = zarr3.create(w, shape=(8, 8), dtype="int32", chunks=(2, 2) if sharded else (4, 4), **kw)
+    with pytest.raises(OSError, match="boom writing"):
+        a[...] = ref
+    r = FailingStore("c/0/1", "get")
+    b = zarr3.create(r, shape=(8, 8), dtype="int32", chunks=(2, 2) if sharded else (4, 4), **kw)
+    b[...] = ref
+    with pytest.raises(OSError, match="boom reading"):
+        zarr3.open(r)[...]
+    np.testing.assert_array_equal(zarr3.open(r)[4:, :4], ref[4:, :4])

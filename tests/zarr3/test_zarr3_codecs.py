@@ -366,3 +366,21 @@ def test_from_dict_to_dict_round_trip(cls, entry) -> None:  # type: ignore[no-un
     assert codec.to_dict() == entry
     with pytest.raises(MetadataError):
         cls.from_dict({"name": "something_else"})
+
+
+@pytest.mark.parametrize("name", ["float32", "float64", "bfloat16", "uint8"])
+def test_zstd_large_chunks_record_content_size(name: str) -> None:
+    """Both compression paths (streaming for 4/8-byte data, one-shot otherwise) write the
+    content size, so any reader can decode with a single exact allocation."""
+    s = spec((256, 512), name)
+    chain = CodecChain([BytesCodec(), ZstdCodec(level=1, checksum=True)], s)
+    arr = (np.random.default_rng(0).standard_normal((256, 512)) * 10).astype(s.dtype.dtype)
+    enc = chain.encode(arr)
+    assert enc is not None
+    assert zstandard.frame_content_size(enc) == arr.nbytes
+    assert zstandard.get_frame_parameters(enc).has_checksum
+    np.testing.assert_array_equal(chain.decode(enc), arr)
+    again = chain.encode(arr[::-1].copy())  # the reused buffer does not leak between calls
+    assert again is not None
+    np.testing.assert_array_equal(chain.decode(again), arr[::-1])
+    np.testing.assert_array_equal(chain.decode(enc), arr)
