@@ -23,7 +23,7 @@ from ocdbt_py.checkpoint.layout import Kind, Listing, StepEntry, json_item_file,
 from ocdbt_py.checkpoint.layout import list_steps as _list_steps
 from ocdbt_py.checkpoint.pytree import build_tree
 from ocdbt_py.checkpoint.restoring import PathLike, bare_array_leaf, handler_of, resolve
-from ocdbt_py.errors import CorruptionError, NotFoundError
+from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
@@ -347,13 +347,9 @@ def metadata(
     if r.kind == Kind.STEP:
         items = r.items()
         handlers = r.handlers()
-        if item is not None:
-            if item not in items:
-                raise NotFoundError(f"{r.kv.url} has no item {item!r} (items: {sorted(items)})")
-            return _item_meta(PrefixStore(r.kv, item), items[item], None, stored_sizes, handlers.get(item))
-        single = r.single_item(items)
-        if single is not None:
-            return _item_meta(PrefixStore(r.kv, single), items[single], None, stored_sizes, handlers.get(single))
+        name = r.item_to_unwrap(items, item)
+        if name is not None:
+            return _item_meta(PrefixStore(r.kv, name), items[name], None, stored_sizes, handlers.get(name))
         return {name: _item_meta(PrefixStore(r.kv, name), kind, None, stored_sizes, handlers.get(name))
                 for name, kind in items.items()}
     if item is not None:

@@ -64,6 +64,15 @@ class Resolved:
             return "state"
         return None
 
+    def item_to_unwrap(self, items: dict[str, Kind], item: str | None) -> str | None:
+        """The one item to return on its own: ``item`` if given (it must exist), else
+        :meth:`single_item`; ``None`` means every item, as a dict by name."""
+        if item is not None:
+            if item not in items:
+                raise NotFoundError(f"{self.kv.url} has no item {item!r} (items: {sorted(items)})")
+            return item
+        return self.single_item(items)
+
 
 def resolve(path: PathLike, *, step: int | None = None, storage_options: dict[str, Any] | None = None) -> Resolved:
     """Open ``path`` and follow a manager root to ``step`` (default: the latest finalized)."""
@@ -170,13 +179,9 @@ def restore(
     if r.kind == Kind.STEP:
         items = r.items()
         handlers = r.handlers()
-        if item is not None:
-            if item not in items:
-                raise NotFoundError(f"{r.kv.url} has no item {item!r} (items: {sorted(items)})")
-            return _restore_item(PrefixStore(r.kv, item), items[item], target, lazy, handlers.get(item))
-        single = r.single_item(items)
-        if single is not None:
-            return _restore_item(PrefixStore(r.kv, single), items[single], target, lazy, handlers.get(single))
+        name = r.item_to_unwrap(items, item)
+        if name is not None:
+            return _restore_item(PrefixStore(r.kv, name), items[name], target, lazy, handlers.get(name))
         if not items:
             raise CorruptionError(f"{r.kv.url} is a step directory without any readable item")
         if target is not None:
