@@ -6,6 +6,8 @@
 3. ``ocdbt_py.checkpoint.restore`` turns it into NumPy arrays (no JAX, no TensorStore in this
    process) and compares them with what was saved; ``metadata`` gives shapes without reading
    data; ``export_safetensors`` streams it to a safetensors file.
+4. The other way round: ``ocdbt_py.checkpoint.save`` writes a NumPy tree (no JAX here) and
+   Orbax, in a child process, restores it and compares every leaf.
 
 Run: ``python -m ocdbt_py.demo [--dir .demo]``.
 """
@@ -50,6 +52,24 @@ _SAVE = textwrap.dedent(
         "params.dense.bias": np.arange(128).astype(ml_dtypes.bfloat16).astype(np.float32).tolist(),
     }
     json.dump(saved, open(path + ".expected.json", "w"))
+    """
+)
+
+
+_ORBAX_RESTORE = textwrap.dedent(
+    """
+    import sys, json
+    import numpy as np, ml_dtypes
+    import orbax.checkpoint as ocp
+    got = ocp.PyTreeCheckpointer().restore(sys.argv[1])
+    want = json.load(open(sys.argv[2]))
+    ok = (np.array_equal(np.asarray(got["w"], dtype=np.float32), np.array(want["w"], dtype=np.float32))
+          and np.asarray(got["emb"]).dtype == ml_dtypes.bfloat16
+          and np.array_equal(np.asarray(got["emb"]).astype(np.float32), np.array(want["emb"], dtype=np.float32))
+          and int(got["step"]) == want["step"] and got["tag"] == want["tag"])
+    print("Orbax restored", {k: getattr(v, "shape", v) for k, v in got.items()}, "->",
+          "matches" if ok else "MISMATCH")
+    sys.exit(0 if ok else 1)
     """
 )
 
@@ -130,7 +150,24 @@ def main(argv: list[str] | None = None) -> int:
     out = os.path.join(work, "model.safetensors")
     checkpoint.export_safetensors(ckpt, out)
     print(f"wrote {out} ({os.path.getsize(out)} bytes)")
-    return 0 if ok and not loaded else 1
+
+    _step(6, "checkpoint.save: a NumPy tree, no JAX, written the way Orbax writes it; Orbax restores it")
+    import ml_dtypes
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((512, 64), dtype=np.float32)
+    emb = rng.standard_normal((100, 16)).astype(ml_dtypes.bfloat16)
+    mine = {"w": w, "emb": emb, "step": 2000, "tag": "saved-by-ocdbt-py"}
+    ours = os.path.join(work, "ours")
+    t = time.perf_counter()
+    checkpoint.save(ours, mine)
+    print(f"saved in {time.perf_counter() - t:.3f} s; JAX loaded: {'jax' in sys.modules}")
+    want = os.path.join(work, "ours.expected.json")
+    with open(want, "w") as fh:
+        json.dump({"w": w.tolist(), "emb": emb.astype(np.float32).tolist(), "step": 2000,
+                   "tag": "saved-by-ocdbt-py"}, fh)
+    back = subprocess.run([sys.executable, "-c", _ORBAX_RESTORE, ours, want])
+    return 0 if ok and not loaded and back.returncode == 0 else 1
 
 
 def _summarise(tree: object) -> object:
