@@ -116,6 +116,7 @@ class OcdbtStore:
         self._cache: LruCache[object] = LruCache(cache_bytes)
         self._version_spec = version
         self._writer = writer
+        self._owns_resources = True  # views made by at() share ours and must not close them
         self._load()
 
     def _load(self) -> None:
@@ -195,6 +196,7 @@ class OcdbtStore:
         other._cache = self._cache
         other._version_spec = version
         other._writer = None
+        other._owns_resources = False
         other._manifest = self._manifest
         other._manifest_key = self._manifest_key
         other._reader = self._reader
@@ -432,7 +434,10 @@ class OcdbtStore:
         return bytes(snapshot[1].read(ref))
 
     def close(self) -> None:
-        """Release the node cache and the underlying store."""
+        """Release the node cache and the underlying store (a view from :meth:`at` releases
+        nothing: it shares them with the store it came from)."""
+        if not self._owns_resources:
+            return
         self._cache.clear()
         self.kvstore.close()
 

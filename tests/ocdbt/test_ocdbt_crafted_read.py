@@ -628,3 +628,28 @@ def test_oversized_manifest_is_not_read_whole(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(CorruptionError, match="large"):
         ocdbt_py.open(Spy(files))
     assert calls == [("manifest.ocdbt", 201)]
+
+
+def test_closing_a_version_view_leaves_the_parent_open() -> None:
+    """``with db.at(g) as old:`` must not close the cache and store ``db`` still uses."""
+    from ocdbt_py.kvstore import MemoryStore
+
+    class CountingStore(MemoryStore):
+        closed = 0
+
+        def close(self) -> None:
+            CountingStore.closed += 1
+
+    import ocdbt_py
+
+    kv = CountingStore()
+    w = ocdbt_py.open(kv, mode="a")
+    w.put(b"a", b"1")
+    w.put(b"a", b"2")
+    db = ocdbt_py.open(kv)
+    with db.at(2) as old:
+        assert old.get(b"a") == b"1"
+    assert CountingStore.closed == 0
+    assert db.get(b"a") == b"2"
+    db.close()
+    assert CountingStore.closed == 1
