@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ocdbt_py.checkpoint.export import export_npz, export_safetensors
     from ocdbt_py.checkpoint.layout import UncommittedStepWarning
+    from ocdbt_py.checkpoint.manager import CheckpointManager
     from ocdbt_py.checkpoint.meta import CheckpointInfo, LeafMetadata, list_steps, metadata
     from ocdbt_py.checkpoint.reader import LazyArray
     from ocdbt_py.checkpoint.restoring import restore
@@ -35,6 +36,7 @@ __all__ = [
     "save",
     "JsonItem",
     "SaveHandle",
+    "CheckpointManager",
 ]
 
 _WHERE = {
@@ -50,6 +52,7 @@ _WHERE = {
     "save": "ocdbt_py.checkpoint.saving.api",
     "JsonItem": "ocdbt_py.checkpoint.saving.api",
     "SaveHandle": "ocdbt_py.checkpoint.saving.async_save",
+    "CheckpointManager": "ocdbt_py.checkpoint.manager.manager",
 }
 
 

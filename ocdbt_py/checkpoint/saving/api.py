@@ -56,9 +56,20 @@ _HANDLERS = {"standard": layout_writer.STANDARD_HANDLER, "pytree": layout_writer
 
 @dataclasses.dataclass(frozen=True)
 class JsonItem:
-    """A composite item saved as JSON (Orbax's ``JsonSave``): ``<item>/metadata``."""
+    """A composite item saved as JSON (Orbax's ``JsonSave``): ``<item>/metadata``.
+
+    ``filename`` names the file instead (Orbax's CheckpointManager keeps a step's metrics in
+    ``metrics/metrics``).
+    """
 
     value: Any
+    filename: str = "metadata"
+
+    def __post_init__(self) -> None:
+        f = self.filename
+        if not isinstance(f, str) or not f or "/" in f or f.startswith(".") or f in (
+                layout_writer.COMMIT_MARKER, layout_writer.CHECKPOINT_METADATA):
+            raise ValueError(f"invalid JSON item file name {f!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,7 +389,7 @@ def _commit(dest: Destination, root: KvStore, plans: Mapping[str, _ItemPlan | Js
     for name, plan in plans.items():
         item_kv = PrefixStore(root, name) if name else root
         if isinstance(plan, JsonItem):
-            item_kv.set(layout_writer.JSON_ITEM_FILE, layout_writer.json_item(plan.value))
+            item_kv.set(plan.filename, layout_writer.json_item(plan.value))
             handlers[name] = layout_writer.JSON_HANDLER
         else:
             _finalize_item(item_kv, plan, coord, opts, own.get(name))

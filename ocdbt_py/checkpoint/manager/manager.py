@@ -1,0 +1,518 @@
+"""``CheckpointManager``: a training loop's checkpoint lifecycle on any filesystem.
+
+Each step is a directory ``<root>/<step name>/`` holding one directory per item, laid out as
+Orbax's ``CheckpointManager`` with ``ocp.args.Composite`` lays it out (pytree items, JSON
+items, ``metrics/metrics``, ``_CHECKPOINT_METADATA``, ``commit_success.txt``), so either
+library lists and restores the other's steps.
+
+* **Saving** goes through :func:`ocdbt_py.checkpoint.save`: atomic (a temporary directory
+  renamed into place on local disks, the commit marker written last elsewhere) and, by
+  default, asynchronous: :meth:`CheckpointManager.save` returns once host copies are made.
+* **Deciding** whether a step is saved is a save policy's job
+  (:mod:`~ocdbt_py.checkpoint.manager.save_policy`); **retention** a preservation policy's
+  (:mod:`~ocdbt_py.checkpoint.manager.preservation`).  Deletions run in the background after
+  each commit, never touch the newest committed step or a step being written.
+* In a multi-process JAX job every process creates the manager and calls ``save`` with the
+  same steps; process 0 commits and deletes, and decisions that depend on the clock are made
+  by process 0 and shared.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ocdbt_py.checkpoint.manager import save_policy as sp
+from ocdbt_py.checkpoint.manager.naming import StepNameFormat
+from ocdbt_py.checkpoint.manager.preemption import PreemptionWatcher
+from ocdbt_py.checkpoint.manager.preservation import AnyOf as AnyOfKeep
+from ocdbt_py.checkpoint.manager.preservation import BestN, PreservationPolicy, StepInfo
+from ocdbt_py.checkpoint.manager.steps import (
+    METRICS_FILE,
+    METRICS_ITEM,
+    delete_step,
+    read_step_info,
+    scan,
+)
+from ocdbt_py.checkpoint.manager.steps import cleanup as cleanup_root
+from ocdbt_py.errors import NotFoundError, OcdbtError, ReadOnlyError
+from ocdbt_py.kvstore import open_kvstore
+from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.prefixed import PrefixStore
+
+__all__ = ["CheckpointManager", "StepAlreadyExistsError", "default_save_policy"]
+
+_ids = itertools.count()
+_ids_lock = threading.Lock()
+#: Keyword arguments of :func:`ocdbt_py.checkpoint.save` a manager passes through.
+SAVE_OPTIONS = frozenset({
+    "use_zarr3", "use_compression", "chunk_byte_size", "ocdbt_target_data_file_size", "handler",
+    "keep_copy_buffer", "replica_parallel", "workers", "sync", "barrier_timeout",
+})
+
+
+class StepAlreadyExistsError(OcdbtError, FileExistsError):
+    """``save`` was asked to write a step the manager already has."""
+
+
+def default_save_policy() -> sp.AnyOf:
+    """Every step, plus the preemption step: ``AnyOf(FixedInterval(1), Preemption())``."""
+    return sp.AnyOf(sp.FixedInterval(1), sp.Preemption())
+
+
+def _process() -> tuple[int, int, Any]:
+    """``(index, count, coordination client)`` of this process in a JAX job."""
+    import sys
+
+    if "jax" not in sys.modules:
+        return 0, 1, None
+    import jax
+
+    count = int(jax.process_count())
+    if count <= 1:
+        return 0, 1, None
+    from ocdbt_py.checkpoint.saving.distributed import _jax_client
+
+    return int(jax.process_index()), count, _jax_client()
+
+
+class CheckpointManager:
+    """Saves, lists, restores and prunes the steps of a checkpoint root.
+
+    >>> mgr = CheckpointManager("/ckpts", save_policy=FixedInterval(100),
+    ...                         preservation=LatestN(3))                      # doctest: +SKIP
+    >>> for step in range(1000):
+    ...     state = train_step(state)
+    ...     mgr.save(step, {"state": state, "config": JsonItem(cfg)}, metrics={"loss": loss})
+    >>> mgr.wait_until_finished()
+    >>> state = mgr.restore()["state"]
+
+    * ``root``: a local path, any fsspec URL (``s3://``, ``gs://``, ``az://``, ...) or a
+      :class:`~ocdbt_py.kvstore.KvStore`; ``storage_options`` go to fsspec.
+    * ``save_policy``: when to save (default: every step, and the preemption step);
+      ``preservation``: what to keep (default: everything).
+    * ``async_save``: ``save`` returns once host copies are made; the write, the commit and
+      retention continue in the background (:meth:`wait_until_finished` waits).
+    * ``step_name_format`` (or ``step_prefix``/``step_format_fixed_length``): step directory
+      names, as Orbax's options of the same names.
+    * ``save_options``: passed to :func:`ocdbt_py.checkpoint.save` (``use_zarr3``,
+      ``use_compression``, ``chunk_byte_size``, ``workers``, ``sync``, ...).
+    * ``cleanup``: remove leftovers of interrupted saves and deletions when opening.
+    * ``read_only``: list and restore only.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | KvStore,
+        *,
+        save_policy: sp.SavePolicy | None = None,
+        preservation: PreservationPolicy | None = None,
+        async_save: bool = True,
+        step_name_format: StepNameFormat | None = None,
+        step_prefix: str | None = None,
+        step_format_fixed_length: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        save_options: Mapping[str, Any] | None = None,
+        cleanup: bool = True,
+        read_only: bool = False,
+    ):
+        if step_name_format is not None and (step_prefix is not None or step_format_fixed_length is not None):
+            raise ValueError("give step_name_format or step_prefix/step_format_fixed_length, not both")
+        self.step_name_format = step_name_format or StepNameFormat(step_prefix, step_format_fixed_length)
+        self.save_policy: sp.SavePolicy = save_policy if save_policy is not None else default_save_policy()
+        if not callable(getattr(self.save_policy, "should_save", None)):
+            raise TypeError(f"{self.save_policy!r} is not a save policy (it has no should_save method)")
+        if preservation is not None and not callable(getattr(preservation, "keep", None)):
+            raise TypeError(f"{preservation!r} is not a preservation policy (it has no keep method)")
+        self.preservation = preservation
+        self.async_save = bool(async_save)
+        self.read_only = bool(read_only)
+        opts = dict(save_options or {})
+        unknown = set(opts) - SAVE_OPTIONS
+        if unknown:
+            raise TypeError(f"unknown save_options {sorted(unknown)} (known: {sorted(SAVE_OPTIONS)})")
+        self._save_options = opts
+        self._storage_options = storage_options
+        self.kv: KvStore = open_kvstore(root, storage_options, read_only=read_only)
+        self.root = self.kv.url
+        self._process_index, self._process_count, self._client = _process()
+        with _ids_lock:
+            self._id = next(_ids)
+        self._lock = threading.RLock()
+        self._names: dict[int, str] = {}
+        self._infos: dict[int, StepInfo] = {}
+        self._saves: list[sp.SavedStep] = []  # this manager's saves (plus the newest on disk)
+        self._in_flight: dict[int, str] = {}
+        self._handle: Any = None
+        self._recorded: threading.Event | None = None  # set once the last save's outcome is recorded
+        self._finisher: threading.Thread | None = None
+        self._errors: list[BaseException] = []
+        self._closed = False
+        self._preemption = PreemptionWatcher() if sp.uses(self.save_policy, sp.Preemption) else None
+        if cleanup and not self.read_only and self.is_primary:
+            cleanup_root(self.kv, self.step_name_format)
+        self.reload()
+
+    # ---- queries --------------------------------------------------------------------------
+
+    @property
+    def is_primary(self) -> bool:
+        """Whether this process commits and deletes (process 0 of a JAX job)."""
+        return self._process_index == 0
+
+    def reload(self) -> None:
+        """Re-read the steps on storage (another writer may have added or deleted some)."""
+        names, infos = scan(self.kv, self.step_name_format)
+        with self._lock:
+            self._names, self._infos = names, infos
+            if infos and not self._saves:
+                last = infos[max(infos)]
+                self._saves.append(sp.SavedStep(last.step, last.time, last.time))
+
+    def all_steps(self) -> list[int]:
+        """The committed steps, oldest first (saves still in flight are not listed)."""
+        with self._lock:
+            return sorted(self._names)
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or ``None``."""
+        with self._lock:
+            return max(self._names) if self._names else None
+
+    def step_info(self, step: int) -> StepInfo:
+        """Commit time and metrics of a committed step."""
+        with self._lock:
+            info = self._infos.get(step)
+        if info is None:
+            raise NotFoundError(f"{self.root}: no committed step {step} (have {self.all_steps()})")
+        return info
+
+    def metrics(self, step: int) -> Mapping[str, Any] | None:
+        """The metrics saved with ``step`` (``None`` if it has none)."""
+        return self.step_info(step).metrics
+
+    def _best_policy(self) -> BestN | None:
+        p = self.preservation
+        if isinstance(p, BestN):
+            return p
+        if isinstance(p, AnyOfKeep):
+            for q in p.walk():
+                if isinstance(q, BestN):
+                    return q
+        return None
+
+    def best_step(self, metric: str | None = None, mode: str | None = None) -> int | None:
+        """The committed step with the best metric: by ``metric``/``mode`` when given, else by
+        the preservation policy's :class:`BestN`; the latest step when there is no metric."""
+        best = self._best_policy()
+        if metric is not None:
+            best = BestN(1, metric, mode or "min")
+        elif best is None:
+            return self.latest_step()
+        with self._lock:
+            infos = [self._infos[s] for s in sorted(self._infos)]
+        ranked = best.ranked(infos)
+        return ranked[0].step if ranked else self.latest_step()
+
+    def step_path(self, step: int) -> str:
+        """Where ``step`` is (or would be) stored."""
+        return f"{self.root.rstrip('/')}/{self.step_name_format.name(step)}"
+
+    def is_saving_in_progress(self) -> bool:
+        """Whether a save has not committed yet."""
+        h = self._handle
+        return h is not None and not h.done()
+
+    def reached_preemption(self, step: int) -> bool:
+        """Whether ``step`` is at or after the preemption point (always ``False`` without a
+        :class:`~ocdbt_py.checkpoint.manager.save_policy.Preemption` policy)."""
+        return self._preemption is not None and self._preemption.reached(step)
+
+    # ---- saving ---------------------------------------------------------------------------
+
+    def _context(self, step: int) -> sp.SaveContext:
+        with self._lock:
+            previous = tuple(self._saves)
+        reached = self._preemption is not None and self._preemption.reached(step)
+        if reached and self._preemption is not None and self._preemption.step != step:
+            reached = False  # only the step where the notice was taken up
+        return sp.SaveContext(step, time.time(), previous, self.is_saving_in_progress(), reached)
+
+    def should_save(self, step: int) -> bool:
+        """Whether ``save(step, ...)`` would save (the save policy's answer, shared by the
+        primary process when it depends on local state)."""
+        self._check_open()
+        if self.read_only:
+            return False
+        with self._lock:
+            newest = max([*self._names, *self._in_flight, -1])
+        ctx = self._context(step)  # always: JAX's preemption sync point needs every step
+        if step <= newest:
+            return False
+        if self._process_count > 1 and not sp.is_deterministic(self.save_policy):
+            return self._shared_decision(step, ctx)
+        return bool(self.save_policy.should_save(ctx))
+
+    def _shared_decision(self, step: int, ctx: sp.SaveContext) -> bool:
+        key = f"ocdbt_py_manager/{self._id}/should_save/{step}"
+        timeout_ms = int(float(self._save_options.get("barrier_timeout", 600.0)) * 1000)
+        if self._client is None:  # pragma: no cover - no coordination service
+            raise OcdbtError("a clock-based save policy in a multi-process job needs jax.distributed")
+        if self.is_primary:
+            decision = bool(self.save_policy.should_save(ctx))
+            self._client.key_value_set(key, "1" if decision else "0")
+            return decision
+        return bool(self._client.blocking_key_value_get(key, timeout_ms) == "1")
+
+    def save(
+        self,
+        step: int,
+        items: Mapping[str, Any],
+        *,
+        metrics: Mapping[str, Any] | None = None,
+        force: bool = False,
+        custom_metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Save ``items`` as ``step`` if the save policy says so (or ``force``); returns
+        whether a save was started.
+
+        ``items`` maps item names to pytrees (NumPy or JAX) or
+        :class:`~ocdbt_py.checkpoint.JsonItem`; ``{"default": tree}`` is Orbax's single-item
+        layout.  ``metrics`` (a JSON dict) is stored as Orbax stores it (``metrics/metrics``)
+        for :class:`~ocdbt_py.checkpoint.manager.preservation.BestN`.  With ``async_save``
+        the call returns after host copies; errors surface from the next ``save``,
+        :meth:`wait_until_finished` or :meth:`check_for_errors`.
+        """
+        self._check_open()
+        if self.read_only:
+            raise ReadOnlyError(f"{self.root}: the manager is read-only")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"a step is a non-negative int, not {step!r}")
+        if not isinstance(items, Mapping) or not items:
+            raise TypeError("items must be a non-empty dict of item name -> pytree or JsonItem")
+        if metrics is not None and METRICS_ITEM in items:
+            raise ValueError(f"the item name {METRICS_ITEM!r} holds the metrics; rename the item")
+        if metrics is not None and not isinstance(metrics, Mapping):
+            raise TypeError("metrics must be a dict")
+        self.check_for_errors()
+        with self._lock:
+            if step in self._names or step in self._in_flight:
+                raise StepAlreadyExistsError(f"{self.step_path(step)} already exists")
+        if force:
+            if self._preemption is not None:
+                self._preemption.reached(step)  # keep JAX's sync point in step with the others
+        elif not self.should_save(step):
+            return False
+        self._start_save(step, items, metrics, custom_metadata)
+        return True
+
+    def _start_save(self, step: int, items: Mapping[str, Any], metrics: Mapping[str, Any] | None,
+                    custom_metadata: Mapping[str, Any] | None) -> None:
+        from ocdbt_py.checkpoint.saving.api import JsonItem, save
+
+        tree: dict[str, Any] = dict(items)
+        if metrics is not None:
+            tree[METRICS_ITEM] = JsonItem(_plain_json(metrics), filename=METRICS_FILE)
+        name = self.step_name_format.name(step)
+        if self._recorded is not None:  # saves run one at a time: wait for the previous commit
+            self._recorded.wait()
+            self.check_for_errors()
+        started = time.time()
+        with self._lock:
+            self._in_flight[step] = name
+            self._saves.append(sp.SavedStep(step, started, None))
+        try:
+            handle = save(PrefixStore(self.kv, name), tree, composite=True, blocking=not self.async_save,
+                          custom_metadata=custom_metadata, **self._save_options)
+        except BaseException:
+            with self._lock:
+                self._in_flight.pop(step, None)
+                self._saves = [s for s in self._saves if s.step != step]
+            raise
+        self._handle = handle
+        previous = self._finisher
+        recorded = threading.Event()
+        self._recorded = recorded
+        t = threading.Thread(target=self._finish, args=(step, name, started, handle, previous, recorded),
+                             name=f"ocdbt-manager-finish:{name}", daemon=False)
+        self._finisher = t
+        t.start()
+        if not self.async_save:
+            self.wait_until_finished()
+
+    def _finish(self, step: int, name: str, started: float, handle: Any,
+                previous: threading.Thread | None, recorded: threading.Event) -> None:
+        """After a save: wait for its commit, record the step, apply retention."""
+        try:
+            self._record(step, name, started, handle)
+        finally:
+            recorded.set()
+        if previous is not None:
+            previous.join()  # retention runs in save order
+        try:
+            self._apply_retention()
+        except BaseException as e:  # noqa: BLE001
+            with self._lock:
+                self._errors.append(e)
+
+    def _record(self, step: int, name: str, started: float, handle: Any) -> None:
+        try:
+            handle.wait()
+        except BaseException as e:  # noqa: BLE001 - reported by check_for_errors
+            with self._lock:
+                self._in_flight.pop(step, None)
+                self._saves = [s for s in self._saves if s.step != step]
+                self._errors.append(e)
+            return
+        try:
+            info = read_step_info(self.kv, step, name, fallback_time=time.time())
+        except OcdbtError:
+            info = StepInfo(step, time.time(), None)
+        with self._lock:
+            self._in_flight.pop(step, None)
+            self._names[step] = name
+            self._names = dict(sorted(self._names.items()))
+            self._infos[step] = info
+            self._saves = [s if s.step != step else sp.SavedStep(step, started, info.time) for s in self._saves]
+            self._saves = self._saves[-64:]
+
+    def _apply_retention(self) -> None:
+        if self.preservation is None:
+            return
+        with self._lock:
+            infos = [self._infos[s] for s in sorted(self._infos)]
+            busy = set(self._in_flight)
+        if not infos:
+            return
+        keep = set(self.preservation.keep(infos))
+        keep.add(infos[-1].step)  # never the newest committed step
+        doomed = [i.step for i in infos if i.step not in keep and i.step not in busy]
+        for s in doomed:
+            self._delete(s)
+
+    def _delete(self, step: int) -> None:
+        with self._lock:
+            name = self._names.pop(step, None)
+            self._infos.pop(step, None)
+        if name is not None and self.is_primary:
+            delete_step(self.kv, name)
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def wait_until_finished(self) -> None:
+        """Block until every save (and its retention) is done; raise the first error."""
+        t = self._finisher
+        if t is not None:
+            t.join()
+        self.check_for_errors()
+
+    def check_for_errors(self) -> None:
+        """Raise the error of a failed background save or deletion (once)."""
+        with self._lock:
+            errors, self._errors = self._errors, []
+        if errors:
+            for extra in errors[1:]:
+                warnings.warn(f"another background checkpoint error: {extra!r}", stacklevel=2)
+            raise errors[0]
+
+    def delete(self, step: int) -> None:
+        """Delete a committed step (not one being written)."""
+        self._check_open()
+        if self.read_only:
+            raise ReadOnlyError(f"{self.root}: the manager is read-only")
+        with self._lock:
+            if step in self._in_flight:
+                raise ValueError(f"step {step} is still being written; wait_until_finished() first")
+            if step not in self._names:
+                raise NotFoundError(f"{self.root}: no committed step {step} (have {sorted(self._names)})")
+        self._delete(step)
+
+    def close(self) -> None:
+        """Wait for pending saves, then release the manager (idempotent)."""
+        if self._closed:
+            return
+        try:
+            self.wait_until_finished()
+        finally:
+            self._closed = True
+            if self._preemption is not None:
+                self._preemption.close()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("the CheckpointManager is closed")
+
+    # ---- restoring ------------------------------------------------------------------------
+
+    def _resolve_step(self, step: int | None) -> tuple[int, str]:
+        with self._lock:
+            if step is None:
+                if not self._names:
+                    raise NotFoundError(f"{self.root}: no committed step to restore")
+                step = max(self._names)
+            name = self._names.get(step)
+        if name is None:
+            raise NotFoundError(f"{self.root}: no committed step {step} (have {self.all_steps()})")
+        return step, name
+
+    def restore(
+        self,
+        step: int | None = None,
+        items: str | Sequence[str] | None = None,
+        target: Any = None,
+        *,
+        lazy: bool = False,
+    ) -> Any:
+        """Restore a committed step (default: the latest).
+
+        * ``items=None``: every item, as ``{name: tree}`` (or the bare tree of a single
+          ``default`` item, as Orbax returns it); a name: that item's tree; a list of names:
+          ``{name: tree}`` of those.
+        * ``target``: as :func:`ocdbt_py.checkpoint.restore` (for several items a dict keyed
+          by item name) -- JAX targets give sharded ``jax.Array`` leaves.
+        """
+        from ocdbt_py.checkpoint.restoring import restore
+
+        _, name = self._resolve_step(step)
+        skv = PrefixStore(self.kv, name)
+        if isinstance(items, str):
+            return restore(skv, target, item=items, lazy=lazy)
+        if items is None:
+            return restore(skv, target, lazy=lazy)
+        names = list(items)
+        if target is not None and (not isinstance(target, Mapping) or not set(target) <= set(names)):
+            raise ValueError("with several items, target must be a dict keyed by item name")
+        return {n: restore(skv, (target or {}).get(n), item=n, lazy=lazy) for n in names}
+
+    def item_metadata(self, step: int | None = None, item: str | None = None) -> Any:
+        """Shapes and dtypes of a step's items without reading array data."""
+        from ocdbt_py.checkpoint.meta import metadata
+
+        _, name = self._resolve_step(step)
+        return metadata(PrefixStore(self.kv, name), item=item)
+
+    def __repr__(self) -> str:
+        return f"<CheckpointManager {self.root} steps={self.all_steps()}>"
+
+
+def _plain_json(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """Metrics as plain JSON (NumPy and JAX scalars become Python numbers)."""
+    out: dict[str, Any] = {}
+    for k, v in metrics.items():
+        if not isinstance(k, str):
+            raise TypeError(f"metric names are strings, not {k!r}")
+        if hasattr(v, "item") and getattr(v, "shape", None) == ():
+            v = v.item()
+        out[k] = v
+    return out

@@ -1,0 +1,136 @@
+"""A manager root's steps: listing, what each step records, cleanup and deletion."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ocdbt_py.checkpoint.jsonio import read_json
+from ocdbt_py.checkpoint.layout import COMMIT_MARKER, TMP_SUFFIX, _renames_atomically
+from ocdbt_py.checkpoint.layout import list_steps as _list_steps
+from ocdbt_py.checkpoint.manager.naming import StepNameFormat
+from ocdbt_py.checkpoint.manager.preservation import StepInfo
+from ocdbt_py.checkpoint.saving.sinks import local_path
+from ocdbt_py.errors import CorruptionError, StorageError
+from ocdbt_py.kvstore.base import KvStore
+
+__all__ = ["METRICS_ITEM", "METRICS_FILE", "scan", "read_step_info", "cleanup", "delete_step"]
+
+#: Orbax keeps a step's metrics as the JSON item ``metrics`` in the file ``metrics``.
+METRICS_ITEM = "metrics"
+METRICS_FILE = "metrics"
+_STEP_METADATA = "_CHECKPOINT_METADATA"
+_DELETING = TMP_SUFFIX + "-deleting-"
+
+
+def committed(kv: KvStore, fmt: StepNameFormat) -> dict[int, str]:
+    """``{step: directory name}`` of the finalized steps named in ``fmt``."""
+    out: dict[int, str] = {}
+    for e in _list_steps(kv, warn=False):
+        s = fmt.parse(e.name)
+        if s is not None and s not in out:
+            out[s] = e.name
+    return dict(sorted(out.items()))
+
+
+def _as_time(meta: Mapping[str, Any] | None, fallback: float) -> float:
+    if meta:
+        for key in ("commit_timestamp_nsecs", "init_timestamp_nsecs"):
+            v = meta.get(key)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v / 1e9
+    return fallback
+
+
+def read_step_info(kv: KvStore, step: int, name: str, *, fallback_time: float = 0.0) -> StepInfo:
+    """What retention needs of one step: its commit time and metrics."""
+    try:
+        meta = read_json(kv, f"{name}/{_STEP_METADATA}", 16 << 20)
+    except CorruptionError:
+        meta = None
+    try:
+        metrics = read_json(kv, f"{name}/{METRICS_ITEM}/{METRICS_FILE}", 16 << 20)
+    except CorruptionError:
+        metrics = None
+    return StepInfo(step, _as_time(meta if isinstance(meta, dict) else None, fallback_time),
+                    metrics if isinstance(metrics, dict) else None)
+
+
+def scan(kv: KvStore, fmt: StepNameFormat, *, workers: int = 16) -> tuple[dict[int, str], dict[int, StepInfo]]:
+    """The finalized steps of a root and their :class:`StepInfo`, read concurrently."""
+    names = committed(kv, fmt)
+    if not names:
+        return names, {}
+    with concurrent.futures.ThreadPoolExecutor(min(workers, len(names))) as pool:
+        infos = list(pool.map(lambda sn: read_step_info(kv, sn[0], sn[1]), names.items()))
+    return names, {i.step: i for i in infos}
+
+
+def cleanup(kv: KvStore, fmt: StepNameFormat, keep: Sequence[str] = ()) -> list[str]:
+    """Remove what interrupted saves and deletions left under the root: temporary step
+    directories, and (where directories cannot be renamed atomically, so a step's commit
+    marker is its only commit point) step directories without a commit marker.
+
+    Only names of ``fmt`` are touched; ``keep`` lists directory names left alone (saves in
+    flight).  Returns the names removed.
+    """
+    dirs, _ = kv.list_dir("")
+    done = set(committed(kv, fmt).values())
+    unmarked_is_partial = not _renames_atomically(kv)
+    removed: list[str] = []
+    for d in sorted(dirs):
+        if d in keep:
+            continue
+        if TMP_SUFFIX in d:
+            base = d.split(TMP_SUFFIX, 1)[0]
+            if fmt.parse(base) is None or any(k.split(TMP_SUFFIX, 1)[0] == base for k in keep):
+                continue
+        elif not (unmarked_is_partial and fmt.parse(d) is not None and d not in done):
+            continue
+        _remove_dir(kv, d)
+        removed.append(d)
+    return removed
+
+
+def delete_step(kv: KvStore, name: str) -> None:
+    """Delete a step directory so that it stops being a checkpoint at once.
+
+    Locally it is renamed to a temporary name first (atomic), then removed; elsewhere its
+    commit markers go first (outermost first), then everything else.
+    """
+    path = local_path(kv, name)
+    if path is not None:
+        trash = f"{path}{_DELETING}{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(path, trash)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise StorageError(f"cannot delete {path}: {e}") from e
+        shutil.rmtree(trash, ignore_errors=True)
+        return
+    _remove_dir(kv, name)
+
+
+def _remove_dir(kv: KvStore, name: str) -> None:
+    path = local_path(kv, name)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    prefix = name.rstrip("/") + "/"
+    keys = list(kv.list(prefix))
+    markers = sorted((k for k in keys if k.rsplit("/", 1)[-1] == COMMIT_MARKER), key=lambda k: k.count("/"))
+    for k in markers:
+        kv.delete(k)
+    marked = set(markers)
+    rest = [k for k in keys if k not in marked]
+    if len(rest) > 8:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            list(pool.map(kv.delete, rest))
+    else:
+        for k in rest:
+            kv.delete(k)
