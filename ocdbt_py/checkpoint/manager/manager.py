@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ocdbt_py.checkpoint.layout import COMMIT_MARKER
 from ocdbt_py.checkpoint.manager import save_policy as sp
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.preemption import PreemptionWatcher
@@ -38,6 +39,7 @@ from ocdbt_py.checkpoint.manager.steps import (
     delete_step,
     read_step_info,
     scan,
+    writes_in_place,
 )
 from ocdbt_py.checkpoint.manager.steps import cleanup as cleanup_root
 from ocdbt_py.errors import NotFoundError, OcdbtError, ReadOnlyError
@@ -326,9 +328,12 @@ class CheckpointManager:
         with self._lock:
             self._in_flight[step] = name
             self._saves.append(sp.SavedStep(step, started, None))
+        # On object stores a failed earlier save of this step may have left files without a
+        # commit marker: they are no checkpoint, so the new save replaces them.
+        replace = writes_in_place(self.kv) and not self.kv.exists(f"{name}/{COMMIT_MARKER}")
         try:
             handle = save(PrefixStore(self.kv, name), tree, composite=True, blocking=not self.async_save,
-                          custom_metadata=custom_metadata, **self._save_options)
+                          force=replace, custom_metadata=custom_metadata, **self._save_options)
         except BaseException:
             with self._lock:
                 self._in_flight.pop(step, None)

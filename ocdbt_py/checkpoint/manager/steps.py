@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ocdbt_py.checkpoint.jsonio import read_json
-from ocdbt_py.checkpoint.layout import COMMIT_MARKER, TMP_SUFFIX, _renames_atomically
+from ocdbt_py.checkpoint.layout import COMMIT_MARKER, TMP_SUFFIX
 from ocdbt_py.checkpoint.layout import list_steps as _list_steps
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.preservation import StepInfo
@@ -18,7 +18,7 @@ from ocdbt_py.checkpoint.saving.sinks import local_path
 from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
 
-__all__ = ["METRICS_ITEM", "METRICS_FILE", "scan", "read_step_info", "cleanup", "delete_step"]
+__all__ = ["METRICS_ITEM", "METRICS_FILE", "scan", "read_step_info", "cleanup", "delete_step", "writes_in_place"]
 
 #: Orbax keeps a step's metrics as the JSON item ``metrics`` in the file ``metrics``.
 METRICS_ITEM = "metrics"
@@ -70,6 +70,12 @@ def scan(kv: KvStore, fmt: StepNameFormat, *, workers: int = 16) -> tuple[dict[i
     return names, {i.step: i for i in infos}
 
 
+def writes_in_place(kv: KvStore) -> bool:
+    """Whether saves under ``kv`` write step directories in place (committed by their marker)
+    rather than into a temporary directory renamed into place (local disks)."""
+    return local_path(kv) is None
+
+
 def cleanup(kv: KvStore, fmt: StepNameFormat, keep: Sequence[str] = ()) -> list[str]:
     """Remove what interrupted saves and deletions left under the root: temporary step
     directories, and (where directories cannot be renamed atomically, so a step's commit
@@ -79,8 +85,12 @@ def cleanup(kv: KvStore, fmt: StepNameFormat, keep: Sequence[str] = ()) -> list[
     flight).  Returns the names removed.
     """
     dirs, _ = kv.list_dir("")
-    done = set(committed(kv, fmt).values())
-    unmarked_is_partial = not _renames_atomically(kv)
+    names = committed(kv, fmt)
+    done = set(names.values())
+    # An unmarked step directory is an interrupted save where saves write in place, provided
+    # the root demonstrably uses commit markers (legacy checkpoints copied to an object store
+    # without markers are never touched).
+    unmarked_is_partial = writes_in_place(kv) and any(kv.exists(f"{n}/{COMMIT_MARKER}") for n in done)
     removed: list[str] = []
     for d in sorted(dirs):
         if d in keep:
