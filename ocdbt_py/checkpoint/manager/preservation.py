@@ -71,7 +71,7 @@ class LatestN:
     def keep(self, steps: Sequence[StepInfo]) -> set[int]:
         """The ``n`` highest steps."""
         ordered = sorted(s.step for s in steps)
-        return set(ordered[len(ordered) - self.n:]) if self.n else set()
+        return set(ordered[max(0, len(ordered) - self.n):]) if self.n else set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +91,7 @@ class EveryNSteps:
         """Multiples of ``n``."""
         hits = sorted(s.step for s in steps if s.step % self.n == 0)
         if self.max_to_keep is not None:
-            hits = hits[len(hits) - self.max_to_keep:] if self.max_to_keep else []
+            hits = hits[max(0, len(hits) - self.max_to_keep):] if self.max_to_keep else []
         return set(hits)
 
 

@@ -28,11 +28,17 @@ _DELETING = TMP_SUFFIX + "-deleting-"
 
 
 def committed(kv: KvStore, fmt: StepNameFormat) -> dict[int, str]:
-    """``{step: directory name}`` of the finalized steps named in ``fmt``."""
+    """``{step: directory name}`` of the finalized steps named in ``fmt``.
+
+    Where saves write in place (any root but a local directory, including a
+    :class:`~ocdbt_py.kvstore.MemoryStore` or a wrapped store), only steps with their commit
+    marker count: an unmarked one may be an interrupted save even when no step has a marker.
+    """
     out: dict[int, str] = {}
+    need_marker = writes_in_place(kv)
     for e in _list_steps(kv, warn=False):
         s = fmt.parse(e.name)
-        if s is not None and s not in out:
+        if s is not None and s not in out and (e.committed or not need_marker):
             out[s] = e.name
     return dict(sorted(out.items()))
 
