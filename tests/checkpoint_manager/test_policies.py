@@ -106,6 +106,7 @@ def infos(*steps: int, losses: dict[int, float] | None = None, times: dict[int, 
 def test_latest_n() -> None:
     assert keep.LatestN(2).keep(infos(0, 5, 3, 9)) == {5, 9}
     assert keep.LatestN(10).keep(infos(0, 1)) == {0, 1}
+    assert keep.LatestN(5).keep(infos(0, 1, 2)) == {0, 1, 2}
     assert keep.LatestN(0).keep(infos(0, 1)) == set()
     with pytest.raises(ValueError):
         keep.LatestN(-1)
@@ -115,6 +116,7 @@ def test_every_n_steps() -> None:
     assert keep.EveryNSteps(4).keep(infos(*range(13))) == {0, 4, 8, 12}
     assert keep.EveryNSteps(4, max_to_keep=2).keep(infos(*range(13))) == {8, 12}
     assert keep.EveryNSteps(4, max_to_keep=0).keep(infos(*range(13))) == set()
+    assert keep.EveryNSteps(4, max_to_keep=5).keep(infos(*range(9))) == {0, 4, 8}
 
 
 def test_every_n_seconds_keeps_one_per_period() -> None:
