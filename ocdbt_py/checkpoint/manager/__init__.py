@@ -5,7 +5,9 @@
 
 Modules: :mod:`.manager` (``CheckpointManager``), :mod:`.save_policy` (when to save),
 :mod:`.preservation` (what to keep), :mod:`.naming` (step directory names), :mod:`.steps`
-(listing, cleanup, deletion), :mod:`.preemption` (SIGTERM and JAX's preemption sync point).
+(listing, cleanup, deletion), :mod:`.preemption` (SIGTERM and JAX's preemption sync point),
+:mod:`.multitier` (``MultiTierCheckpointManager``: frequent process-local checkpoints plus
+rarer persistent ones, restored from the fastest tier that has the step).
 Save policies and preservation policies share the name ``AnyOf`` and ``EveryNSeconds``; here
 they are exported as ``SaveAnyOf``/``SaveEveryNSeconds`` and ``KeepAnyOf``/``KeepEveryNSeconds``
 (each module also has its own plain names).
@@ -14,6 +16,7 @@ they are exported as ``SaveAnyOf``/``SaveEveryNSeconds`` and ``KeepAnyOf``/``Kee
 from __future__ import annotations
 
 from ocdbt_py.checkpoint.manager.manager import CheckpointManager, StepAlreadyExistsError, default_save_policy
+from ocdbt_py.checkpoint.manager.multitier import MultiTierCheckpointManager, RestoreInfo
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.preservation import AnyOf as KeepAnyOf
 from ocdbt_py.checkpoint.manager.preservation import (
@@ -41,6 +44,8 @@ from ocdbt_py.checkpoint.manager.save_policy import EveryNSeconds as SaveEveryNS
 
 __all__ = [
     "CheckpointManager",
+    "MultiTierCheckpointManager",
+    "RestoreInfo",
     "StepAlreadyExistsError",
     "default_save_policy",
     "StepNameFormat",

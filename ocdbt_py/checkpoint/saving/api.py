@@ -158,7 +158,8 @@ def _plan_item(name: str | None, tree: Any, coord: Coordinator, opts: _Options, 
         if vt == JAX_ARRAY:
             from ocdbt_py.checkpoint.saving.jax_arrays import plan_jax_array
 
-            jp = plan_jax_array(leaf.value, replica_parallel=opts.replica_parallel, name=leaf.where)
+            jp = plan_jax_array(leaf.value, replica_parallel=opts.replica_parallel, name=leaf.where,
+                                devices=coord.writer_devices)
             spec = _spec(pname, jp.shape, jp.dtype, jp.write_shape, opts)
             plan.specs.append(spec)
             if primary:
@@ -218,8 +219,9 @@ def _finalize_item(item_kv: KvStore, plan: _ItemPlan, coord: Coordinator, opts: 
     """Step 4 for one item (primary): merged root, metadata files."""
     if plan.specs:
         known = {coord.process_index: own} if own is not None else {}
-        entries = collect_children(item_kv, coord.process_count, known)
-        check_complete(entries, plan.specs)
+        entries = collect_children(item_kv, coord.participants, known)
+        if not coord.partial:
+            check_complete(entries, plan.specs)
     else:
         entries = {}
     if plan.shardings:
@@ -263,6 +265,7 @@ def save(
     workers: int | None = None,
     sync: bool = True,
     barrier_timeout: float = 600.0,
+    _coordinator: Coordinator | None = None,
 ) -> SaveHandle:
     """Save ``tree`` as an Orbax checkpoint at ``path`` (local path, fsspec URL or KvStore).
 
@@ -294,13 +297,14 @@ def save(
     * ``workers``: encoding threads; ``sync=False`` skips fsyncing local files (faster, not
       crash-durable; the commit is still atomic for other processes).
     * In a multi-process JAX job every process calls ``save`` with the same tree; each writes
-      its own shards and process 0 commits.
+      its own shards and process 0 commits.  ``_coordinator`` (internal, for the multi-tier
+      manager) replaces that: a subset of the processes, or one process saving alone.
 
     Returns a :class:`SaveHandle` (already finished when ``blocking``).
     """
     started = time.perf_counter()
     async_save.wait_for_previous()
-    coord = coordinator(timeout_s=barrier_timeout)
+    coord = _coordinator if _coordinator is not None else coordinator(timeout_s=barrier_timeout)
     if copy is None:
         copy = not blocking
     if ocdbt_target_data_file_size is not None and ocdbt_target_data_file_size < 0:

@@ -119,8 +119,27 @@ def _device_ids(nested: Any) -> Any:
     return {"id": int(nested.id)}
 
 
-def plan_jax_array(arr: Any, *, replica_parallel: bool, name: str = "") -> JaxArrayPlan:
-    """Shapes, sharding record and this process's regions of ``arr`` as host arrays."""
+def _owned_by(sharding: Any, shape: tuple[int, ...], devices: frozenset[int]) -> set[int]:
+    """The devices writing ``shape``'s regions when only ``devices`` write: each distinct
+    region once, by the lowest device id among ``devices`` holding it."""
+    owner: dict[tuple[tuple[int, int], ...], int] = {}
+    for device, index in sharding.devices_indices_map(shape).items():
+        if int(device.id) not in devices:
+            continue
+        key = tuple(s.indices(n)[:2] if isinstance(s, slice) else (int(s), int(s) + 1) for s, n in zip(index, shape))
+        if key not in owner or int(device.id) < owner[key]:
+            owner[key] = int(device.id)
+    return set(owner.values())
+
+
+def plan_jax_array(arr: Any, *, replica_parallel: bool, name: str = "",
+                   devices: frozenset[int] | None = None) -> JaxArrayPlan:
+    """Shapes, sharding record and this process's regions of ``arr`` as host arrays.
+
+    ``devices`` (device ids): write the regions of those devices instead of the shards with
+    ``replica_id == 0`` -- each distinct region once, by the lowest id holding it, without
+    replica-parallel splitting (process-local and single-replica saves).
+    """
     import jax
 
     ext: dict[str, Any] | None = None
@@ -144,7 +163,13 @@ def plan_jax_array(arr: Any, *, replica_parallel: bool, name: str = "") -> JaxAr
 
     shared = all(getattr(sh.device, "platform", "cpu") == "cpu" for sh in shards)
 
-    if axis is not None:
+    if devices is not None:
+        write_shape = shard_shape
+        owners = _owned_by(arr.sharding, shape, devices)
+        for sh in shards:
+            if int(sh.device.id) in owners:
+                pieces.append(Piece(_start(sh.index, shape), np.asarray(sh.data), shared))
+    elif axis is not None:
         size = shard_shape[axis] // replicas
         write_shape = shard_shape[:axis] + (size,) + shard_shape[axis + 1:]
         for sh in shards:

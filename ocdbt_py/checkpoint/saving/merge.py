@@ -11,7 +11,7 @@ metadata and all of its chunks.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from ocdbt_py.checkpoint.saving.arrays import ArraySpec
 from ocdbt_py.checkpoint.saving.ocdbt_build import (
@@ -54,13 +54,14 @@ def rebase(entries: Mapping[bytes, StoredValue], process_index: int | str) -> di
 
 def collect_children(
     item_kv: KvStore,
-    process_count: int,
+    process_count: int | Sequence[int],
     known: Mapping[int, Mapping[bytes, StoredValue]] | None = None,
 ) -> dict[bytes, StoredValue]:
-    """The union of every process's entries, rebased (``known``: entries already in memory)."""
+    """The union of every process's entries, rebased (``known``: entries already in memory);
+    ``process_count`` is the number of processes or the indices of those that wrote."""
     merged: dict[bytes, StoredValue] = {}
     owner: dict[bytes, int] = {}
-    for i in range(process_count):
+    for i in (range(process_count) if isinstance(process_count, int) else process_count):
         if known is not None and i in known:
             child: Iterable[tuple[bytes, StoredValue]] = known[i].items()
         else:
