@@ -13,6 +13,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ocdbt_py.checkpoint.manager.union import PolicyUnion
+
 __all__ = [
     "StepInfo",
     "PreservationPolicy",
@@ -186,22 +188,15 @@ class CustomSteps:
         return {s.step for s in steps if s.step in self.steps}
 
 
-class AnyOf:
+class AnyOf(PolicyUnion):
     """Keep a checkpoint when any of the policies keeps it."""
 
+    method = "keep"
+    kind = "preservation policy"
+    policies: tuple[PreservationPolicy, ...]
+
     def __init__(self, *policies: PreservationPolicy | Iterable[PreservationPolicy]):
-        flat: list[PreservationPolicy] = []
-        for p in policies:
-            if isinstance(p, (list, tuple)):
-                flat.extend(p)
-            else:
-                flat.append(p)  # type: ignore[arg-type]
-        if not flat:
-            raise ValueError("AnyOf needs at least one policy")
-        for p in flat:
-            if not callable(getattr(p, "keep", None)):
-                raise TypeError(f"{p!r} is not a preservation policy (it has no keep method)")
-        self.policies: tuple[PreservationPolicy, ...] = tuple(flat)
+        super().__init__(*policies)
 
     def keep(self, steps: Sequence[StepInfo]) -> set[int]:
         """The union of what the policies keep."""
@@ -209,14 +204,3 @@ class AnyOf:
         for p in self.policies:
             kept |= set(p.keep(steps))
         return kept
-
-    def walk(self) -> Iterable[PreservationPolicy]:
-        """Every policy inside, nested ``AnyOf`` flattened."""
-        for p in self.policies:
-            if isinstance(p, AnyOf):
-                yield from p.walk()
-            else:
-                yield p
-
-    def __repr__(self) -> str:
-        return f"AnyOf({', '.join(repr(p) for p in self.policies)})"

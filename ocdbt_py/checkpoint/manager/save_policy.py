@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
+from ocdbt_py.checkpoint.manager.union import PolicyUnion
+
 __all__ = [
     "SaveContext",
     "SavedStep",
@@ -172,22 +174,15 @@ class InitialSave:
         return not ctx.previous
 
 
-class AnyOf:
+class AnyOf(PolicyUnion):
     """Save when any of the policies says so."""
 
+    method = "should_save"
+    kind = "save policy"
+    policies: tuple[SavePolicy, ...]
+
     def __init__(self, *policies: SavePolicy | Iterable[SavePolicy]):
-        flat: list[SavePolicy] = []
-        for p in policies:
-            if isinstance(p, (list, tuple)):
-                flat.extend(p)
-            else:
-                flat.append(p)  # type: ignore[arg-type]
-        if not flat:
-            raise ValueError("AnyOf needs at least one policy")
-        for p in flat:
-            if not callable(getattr(p, "should_save", None)):
-                raise TypeError(f"{p!r} is not a save policy (it has no should_save method)")
-        self.policies: tuple[SavePolicy, ...] = tuple(flat)
+        super().__init__(*policies)
 
     @property
     def deterministic(self) -> bool:
@@ -198,17 +193,6 @@ class AnyOf:
         """Whether any policy says to save (every policy is asked, in order)."""
         answers = [bool(p.should_save(ctx)) for p in self.policies]
         return any(answers)
-
-    def walk(self) -> Iterable[SavePolicy]:
-        """Every policy inside, nested ``AnyOf`` flattened."""
-        for p in self.policies:
-            if isinstance(p, AnyOf):
-                yield from p.walk()
-            else:
-                yield p
-
-    def __repr__(self) -> str:
-        return f"AnyOf({', '.join(repr(p) for p in self.policies)})"
 
 
 def uses(policy: object, kind: type) -> bool:
