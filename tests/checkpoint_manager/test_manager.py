@@ -47,10 +47,13 @@ class GatedStore(MemoryStore):
         super().__init__()
         self.gate = threading.Event()
         self.gate.set()
+        self.waiting = threading.Event()  # a write is held at the gate
         self.fail = False
 
     def _check(self, key: str) -> None:
         if key.endswith("_CHECKPOINT_METADATA"):
+            if not self.gate.is_set():
+                self.waiting.set()
             assert self.gate.wait(30), "test gate never opened"
             if self.fail:
                 raise StorageError(f"injected failure writing {key}")
@@ -118,6 +121,7 @@ def test_async_save_is_invisible_until_committed() -> None:
     assert not mgr.save(2, items(2))  # Continuous: never two in flight
     assert mgr.all_steps() == [0]
     assert CheckpointManager(kv, read_only=True).all_steps() == [0]
+    assert kv.waiting.wait(30)  # the save reached its commit
     assert any(k.startswith("1/") for k in kv.list())  # written in place, not yet committed
     kv.gate.set()
     mgr.wait_until_finished()

@@ -25,7 +25,7 @@ import pytest
 
 from ocdbt_py.checkpoint import JsonItem
 from ocdbt_py.checkpoint.manager import CheckpointManager, LatestN, StepInfo
-from ocdbt_py.checkpoint.manager import manager as manager_mod
+from ocdbt_py.checkpoint.manager import tier as tier_mod
 from ocdbt_py.checkpoint.saving import atomic
 
 REPO = Path(__file__).resolve().parents[2]
@@ -191,7 +191,7 @@ def test_retention_during_inflight_save(tmp_path: Path, monkeypatch: pytest.Monk
     entered, gate, deleted = threading.Event(), threading.Event(), threading.Event()
     deletions: list[tuple[str, list[str], list[int]]] = []
     commit = atomic.Destination.commit
-    delete_step = manager_mod.delete_step
+    delete_step = tier_mod.delete_step
 
     def gated_commit(self: atomic.Destination, *a: Any, **k: Any) -> None:
         if self.final_dir is not None and self.final_dir.endswith(f"{os.sep}2"):
@@ -210,7 +210,7 @@ def test_retention_during_inflight_save(tmp_path: Path, monkeypatch: pytest.Monk
         deleted.set()
 
     monkeypatch.setattr(atomic.Destination, "commit", gated_commit)
-    monkeypatch.setattr(manager_mod, "delete_step", watched_delete)
+    monkeypatch.setattr(tier_mod, "delete_step", watched_delete)
     keep: Any = {"keep_nothing": _KeepNothing(), "latest0": LatestN(0), "latest1": LatestN(1)}[policy]
     mgr = CheckpointManager(root, preservation=keep, async_save=True)
     try:

@@ -23,7 +23,6 @@ import itertools
 import os
 import threading
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,12 +35,10 @@ from ocdbt_py.checkpoint.manager.preservation import BestN, PreservationPolicy, 
 from ocdbt_py.checkpoint.manager.steps import (
     METRICS_FILE,
     METRICS_ITEM,
-    delete_step,
-    read_step_info,
-    scan,
     writes_in_place,
 )
 from ocdbt_py.checkpoint.manager.steps import cleanup as cleanup_root
+from ocdbt_py.checkpoint.manager.tier import Tier
 from ocdbt_py.errors import NotFoundError, OcdbtError, ReadOnlyError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
@@ -145,17 +142,9 @@ class CheckpointManager:
         self._process_index, self._process_count, self._client = _process()
         with _ids_lock:
             self._id = next(_ids)
-        self._lock = threading.RLock()
-        self._names: dict[int, str] = {}
-        self._infos: dict[int, StepInfo] = {}
-        self._saves: list[sp.SavedStep] = []  # this manager's saves (plus the newest on disk)
-        self._in_flight: dict[int, str] = {}
-        self._handle: Any = None
-        self._recorded: threading.Event | None = None  # set once the last save's outcome is recorded
-        self._finisher: threading.Thread | None = None
-        self._errors: list[BaseException] = []
         self._closed = False
         self._preemption = PreemptionWatcher() if sp.uses(self.save_policy, sp.Preemption) else None
+        self._steps = Tier("steps", self.kv, self.step_name_format, preservation, deletes=self.is_primary)
         if cleanup and not self.read_only and self.is_primary:
             cleanup_root(self.kv, self.step_name_format)
         self.reload()
@@ -169,27 +158,20 @@ class CheckpointManager:
 
     def reload(self) -> None:
         """Re-read the steps on storage (another writer may have added or deleted some)."""
-        names, infos = scan(self.kv, self.step_name_format)
-        with self._lock:
-            self._names, self._infos = names, infos
-            if infos and not self._saves:
-                last = infos[max(infos)]
-                self._saves.append(sp.SavedStep(last.step, last.time, last.time))
+        self._steps.scan()
 
     def all_steps(self) -> list[int]:
         """The committed steps, oldest first (saves still in flight are not listed)."""
-        with self._lock:
-            return sorted(self._names)
+        return self._steps.steps()
 
     def latest_step(self) -> int | None:
         """The newest committed step, or ``None``."""
-        with self._lock:
-            return max(self._names) if self._names else None
+        steps = self._steps.steps()
+        return steps[-1] if steps else None
 
     def step_info(self, step: int) -> StepInfo:
         """Commit time and metrics of a committed step."""
-        with self._lock:
-            info = self._infos.get(step)
+        info = self._steps.info(step)
         if info is None:
             raise NotFoundError(f"{self.root}: no committed step {step} (have {self.all_steps()})")
         return info
@@ -216,9 +198,7 @@ class CheckpointManager:
             best = BestN(1, metric, mode or "min")
         elif best is None:
             return self.latest_step()
-        with self._lock:
-            infos = [self._infos[s] for s in sorted(self._infos)]
-        ranked = best.ranked(infos)
+        ranked = best.ranked(self._steps.infos())
         return ranked[0].step if ranked else self.latest_step()
 
     def step_path(self, step: int) -> str:
@@ -227,8 +207,7 @@ class CheckpointManager:
 
     def is_saving_in_progress(self) -> bool:
         """Whether a save has not committed yet."""
-        h = self._handle
-        return h is not None and not h.done()
+        return self._steps.busy()
 
     def reached_preemption(self, step: int) -> bool:
         """Whether ``step`` is at or after the preemption point (always ``False`` without a
@@ -238,12 +217,10 @@ class CheckpointManager:
     # ---- saving ---------------------------------------------------------------------------
 
     def _context(self, step: int) -> sp.SaveContext:
-        with self._lock:
-            previous = tuple(self._saves)
         reached = self._preemption is not None and self._preemption.reached(step)
         if reached and self._preemption is not None and self._preemption.step != step:
             reached = False  # only the step where the notice was taken up
-        return sp.SaveContext(step, time.time(), previous, self.is_saving_in_progress(), reached)
+        return self._steps.context(step, reached)
 
     def should_save(self, step: int) -> bool:
         """Whether ``save(step, ...)`` would save (the save policy's answer, shared by the
@@ -251,8 +228,7 @@ class CheckpointManager:
         self._check_open()
         if self.read_only:
             return False
-        with self._lock:
-            newest = max([*self._names, *self._in_flight, -1])
+        newest = self._steps.newest()
         ctx = self._context(step)  # always: JAX's preemption sync point needs every step
         if step <= newest:
             return False
@@ -302,9 +278,8 @@ class CheckpointManager:
         if metrics is not None and not isinstance(metrics, Mapping):
             raise TypeError("metrics must be a dict")
         self.check_for_errors()
-        with self._lock:
-            if step in self._names or step in self._in_flight:
-                raise StepAlreadyExistsError(f"{self.step_path(step)} already exists")
+        if self._steps.name(step) is not None or self._steps.in_flight(step):
+            raise StepAlreadyExistsError(f"{self.step_path(step)} already exists")
         if force:
             if self._preemption is not None:
                 self._preemption.reached(step)  # keep JAX's sync point in step with the others
@@ -321,121 +296,38 @@ class CheckpointManager:
         if metrics is not None:
             tree[METRICS_ITEM] = JsonItem(_plain_json(metrics), filename=METRICS_FILE)
         name = self.step_name_format.name(step)
-        if self._recorded is not None:  # saves run one at a time: wait for the previous commit
-            self._recorded.wait()
-            self.check_for_errors()
+        self._steps.wait_recorded()  # saves run one at a time: wait for the previous commit
+        self.check_for_errors()
         started = time.time()
-        with self._lock:
-            self._in_flight[step] = name
-            self._saves.append(sp.SavedStep(step, started, None))
         # On object stores a failed earlier save of this step may have left files without a
         # commit marker: they are no checkpoint, so the new save replaces them.
         replace = writes_in_place(self.kv) and not self.kv.exists(f"{name}/{COMMIT_MARKER}")
-        try:
-            handle = save(PrefixStore(self.kv, name), tree, composite=True, blocking=not self.async_save,
-                          force=replace, custom_metadata=custom_metadata, **self._save_options)
-        except BaseException:
-            with self._lock:
-                self._in_flight.pop(step, None)
-                self._saves = [s for s in self._saves if s.step != step]
-            raise
-        self._handle = handle
-        previous = self._finisher
-        recorded = threading.Event()
-        self._recorded = recorded
-        t = threading.Thread(target=self._finish, args=(step, name, started, handle, previous, recorded),
-                             name=f"ocdbt-manager-finish:{name}", daemon=False)
-        self._finisher = t
-        t.start()
+        handle = save(PrefixStore(self.kv, name), tree, composite=True, blocking=not self.async_save,
+                      force=replace, custom_metadata=custom_metadata, **self._save_options)
+        self._steps.start(step, handle, started=started)
         if not self.async_save:
             self.wait_until_finished()
-
-    def _finish(self, step: int, name: str, started: float, handle: Any,
-                previous: threading.Thread | None, recorded: threading.Event) -> None:
-        """After a save: wait for its commit, record the step, apply retention."""
-        try:
-            self._record(step, name, started, handle)
-        finally:
-            recorded.set()
-        if previous is not None:
-            previous.join()  # retention runs in save order
-        try:
-            self._apply_retention()
-        except BaseException as e:  # noqa: BLE001
-            with self._lock:
-                self._errors.append(e)
-
-    def _record(self, step: int, name: str, started: float, handle: Any) -> None:
-        try:
-            handle.wait()
-        except BaseException as e:  # noqa: BLE001 - reported by check_for_errors
-            with self._lock:
-                self._in_flight.pop(step, None)
-                self._saves = [s for s in self._saves if s.step != step]
-                self._errors.append(e)
-            return
-        try:
-            info = read_step_info(self.kv, step, name, fallback_time=time.time())
-        except OcdbtError:
-            info = StepInfo(step, time.time(), None)
-        with self._lock:
-            self._in_flight.pop(step, None)
-            self._names[step] = name
-            self._names = dict(sorted(self._names.items()))
-            self._infos[step] = info
-            self._saves = [s if s.step != step else sp.SavedStep(step, started, info.time) for s in self._saves]
-            self._saves = self._saves[-64:]
-
-    def _apply_retention(self) -> None:
-        if self.preservation is None:
-            return
-        with self._lock:
-            infos = [self._infos[s] for s in sorted(self._infos)]
-            busy = set(self._in_flight)
-        if not infos:
-            return
-        keep = set(self.preservation.keep(infos))
-        keep.add(infos[-1].step)  # never the newest committed step
-        doomed = [i.step for i in infos if i.step not in keep and i.step not in busy]
-        for s in doomed:
-            self._delete(s)
-
-    def _delete(self, step: int) -> None:
-        with self._lock:
-            name = self._names.pop(step, None)
-            self._infos.pop(step, None)
-        if name is not None and self.is_primary:
-            delete_step(self.kv, name)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
     def wait_until_finished(self) -> None:
         """Block until every save (and its retention) is done; raise the first error."""
-        t = self._finisher
-        if t is not None:
-            t.join()
-        self.check_for_errors()
+        self._steps.wait()
 
     def check_for_errors(self) -> None:
         """Raise the error of a failed background save or deletion (once)."""
-        with self._lock:
-            errors, self._errors = self._errors, []
-        if errors:
-            for extra in errors[1:]:
-                warnings.warn(f"another background checkpoint error: {extra!r}", stacklevel=2)
-            raise errors[0]
+        self._steps.check_for_errors()
 
     def delete(self, step: int) -> None:
         """Delete a committed step (not one being written)."""
         self._check_open()
         if self.read_only:
             raise ReadOnlyError(f"{self.root}: the manager is read-only")
-        with self._lock:
-            if step in self._in_flight:
-                raise ValueError(f"step {step} is still being written; wait_until_finished() first")
-            if step not in self._names:
-                raise NotFoundError(f"{self.root}: no committed step {step} (have {sorted(self._names)})")
-        self._delete(step)
+        if self._steps.in_flight(step):
+            raise ValueError(f"step {step} is still being written; wait_until_finished() first")
+        if self._steps.name(step) is None:
+            raise NotFoundError(f"{self.root}: no committed step {step} (have {self.all_steps()})")
+        self._steps.forget(step)
 
     def close(self) -> None:
         """Wait for pending saves, then release the manager (idempotent)."""
@@ -461,12 +353,11 @@ class CheckpointManager:
     # ---- restoring ------------------------------------------------------------------------
 
     def _resolve_step(self, step: int | None) -> tuple[int, str]:
-        with self._lock:
+        if step is None:
+            step = self.latest_step()
             if step is None:
-                if not self._names:
-                    raise NotFoundError(f"{self.root}: no committed step to restore")
-                step = max(self._names)
-            name = self._names.get(step)
+                raise NotFoundError(f"{self.root}: no committed step to restore")
+        name = self._steps.name(step)
         if name is None:
             raise NotFoundError(f"{self.root}: no committed step {step} (have {self.all_steps()})")
         return step, name

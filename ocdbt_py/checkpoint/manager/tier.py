@@ -46,6 +46,7 @@ class Tier:
         self._handle: Any = None
         self._errors: list[BaseException] = []
         self._on_forget = on_forget
+        self._recorded: threading.Event | None = None  # set once the newest save's outcome is recorded
 
     # ---- queries --------------------------------------------------------------------------
 
@@ -71,6 +72,32 @@ class Tier:
         with self._lock:
             return sorted(self._names)
 
+    def name(self, step: int) -> str | None:
+        """The directory name of a committed step (``None`` when not committed)."""
+        with self._lock:
+            return self._names.get(step)
+
+    def info(self, step: int) -> StepInfo | None:
+        """Commit time and metrics of a committed step."""
+        with self._lock:
+            return self._infos.get(step)
+
+    def infos(self) -> list[StepInfo]:
+        """Every committed step's :class:`StepInfo`, oldest first."""
+        with self._lock:
+            return [self._infos[s] for s in sorted(self._infos)]
+
+    def in_flight(self, step: int) -> bool:
+        """Whether ``step`` is being saved."""
+        with self._lock:
+            return step in self._in_flight
+
+    def wait_recorded(self) -> None:
+        """Block until the newest started save is committed or failed (not its retention)."""
+        ev = self._recorded
+        if ev is not None:
+            ev.wait()
+
     def newest(self) -> int:
         """The newest step committed or in flight (``-1`` when none)."""
         with self._lock:
@@ -90,18 +117,24 @@ class Tier:
 
     # ---- saving ---------------------------------------------------------------------------
 
-    def start(self, step: int, handle: Any, after_commit: Callable[[], None] | None = None) -> None:
+    def start(self, step: int, handle: Any, after_commit: Callable[[], None] | None = None, *,
+              started: float | None = None) -> None:
         """Track a started save of ``step``: when ``handle`` finishes, run ``after_commit``,
-        record the step and apply retention (in the order saves were started)."""
+        record the step and apply retention (in the order saves were started).  ``started``:
+        when the save began (default: now)."""
         name = self.fmt.name(step)
-        started = time.time()
+        if started is None:
+            started = time.time()
         with self._lock:
             self._in_flight.add(step)
             self._saves.append(sp.SavedStep(step, started, None))
         self._handle = handle
         previous = self._finisher
-        t = threading.Thread(target=self._finish, args=(step, name, started, handle, after_commit, previous),
-                             name=f"ocdbt-multitier-{self.label}:{name}", daemon=False)
+        recorded = threading.Event()
+        self._recorded = recorded
+        t = threading.Thread(target=self._finish,
+                             args=(step, name, started, handle, after_commit, previous, recorded),
+                             name=f"ocdbt-{self.label}:{name}", daemon=False)
         self._finisher = t
         t.start()
 
@@ -115,9 +148,23 @@ class Tier:
         self._retain()
 
     def _finish(self, step: int, name: str, started: float, handle: Any, after: Callable[[], None] | None,
-                previous: threading.Thread | None) -> None:
-        if previous is not None:
-            previous.join()
+                previous: threading.Thread | None, recorded: threading.Event) -> None:
+        try:
+            if previous is not None:
+                previous.join()  # saves are recorded, and retention runs, in start order
+            ok = self._record_outcome(step, name, started, handle, after)
+        finally:
+            recorded.set()
+        if not ok:
+            return
+        try:
+            self._retain()
+        except BaseException as e:  # noqa: BLE001
+            with self._lock:
+                self._errors.append(e)
+
+    def _record_outcome(self, step: int, name: str, started: float, handle: Any,
+                        after: Callable[[], None] | None) -> bool:
         try:
             handle.wait()
             if after is not None:
@@ -127,7 +174,7 @@ class Tier:
                 self._in_flight.discard(step)
                 self._saves = [s for s in self._saves if s.step != step]
                 self._errors.append(e)
-            return
+            return False
         info = StepInfo(step, time.time())
         if self.kv is not None:
             try:
@@ -139,11 +186,7 @@ class Tier:
             self._names[step] = name
             self._infos[step] = info
             self._saves = [s if s.step != step else sp.SavedStep(step, started, info.time) for s in self._saves][-64:]
-        try:
-            self._retain()
-        except BaseException as e:  # noqa: BLE001
-            with self._lock:
-                self._errors.append(e)
+        return True
 
     def _retain(self) -> None:
         if self.preservation is None:
