@@ -24,6 +24,12 @@ TensorStore's time; with 20 ms latency the 4000-array restore makes <= 50 round 
 sequence.  ``--quick`` shrinks ``big`` to 128 MiB.  Quote the ratios: the S3 server is
 single-process Python and shares the machine's cores with both clients.
 
+Runs alternate which side goes first; the table gives the ratio of the best times, the median
+(and range) of the ratios of each back-to-back pair (robust to bursts of load from other jobs),
+each side's client CPU time (user + system; on a loaded machine this shows the work done,
+which wall time does not), and the load average over the case.  The JSON also records each
+side's peak RSS over the bytes restored.
+
 By default the server runs with ``--fast-ranges`` (``tests/objectstores/moto_main.py``): stock
 moto copies the whole object for every ranged GET, serialized per object, which makes a
 ranged read of a 100 MiB data file cost ~0.1 s whatever its size and so measures request
@@ -35,6 +41,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -79,10 +87,30 @@ def run_ours(name: str, endpoint: str) -> dict[str, Any]:
     from ocdbt_py import checkpoint
 
     opts = {"endpoint_url": endpoint}
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     out = checkpoint.restore(f"s3://{BUCKET}/{name}", storage_options=opts)
     dt = time.perf_counter() - t0
-    return {"seconds": dt, "bytes": sum(v.nbytes for v in out.values()), "arrays": len(out)}
+    return _result(dt, r0, sum(v.nbytes for v in out.values()), len(out))
+
+
+def _result(dt: float, r0: Any, nbytes: int, arrays: int) -> dict[str, Any]:
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return {"seconds": dt, "cpu_seconds": cpu, "bytes": nbytes, "arrays": arrays,
+            "peak_rss_over_bytes": _peak_rss() / max(1, nbytes)}
+
+
+def _peak_rss() -> int:
+    """This process's peak RSS in bytes (``VmHWM``: ``ru_maxrss`` carries the parent's peak
+    across ``exec`` on Linux, and the driver held the uploaded checkpoint)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def run_ts(name: str, endpoint: str, names_file: str) -> dict[str, Any]:
@@ -98,6 +126,7 @@ def run_ts(name: str, endpoint: str, names_file: str) -> dict[str, Any]:
           "experimental_read_coalescing_threshold_bytes": 1000000,
           "experimental_read_coalescing_merged_bytes": 500000000000,
           "experimental_read_coalescing_interval": "1ms"}
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     opens = [ts.open({"driver": "zarr", "kvstore": dict(kv, path=f"{n}/"),
                       "recheck_cached_data": False, "recheck_cached_metadata": False}, context=ctx, open=True)
@@ -106,7 +135,7 @@ def run_ts(name: str, endpoint: str, names_file: str) -> dict[str, Any]:
     reads = [a.read() for a in arrays]
     out = [r.result() for r in reads]
     dt = time.perf_counter() - t0
-    return {"seconds": dt, "bytes": sum(int(a.nbytes) for a in out), "arrays": len(out)}
+    return _result(dt, r0, sum(int(a.nbytes) for a in out), len(out))
 
 
 def worker(argv: list[str]) -> None:
@@ -188,36 +217,50 @@ def main() -> None:
                     continue
                 proxy = start_proxy(srv.endpoint, delay) if delay else None
                 endpoint = proxy.endpoint if proxy else srv.endpoint
-                best = {"ours": float("inf"), "ts": float("inf")}
+                runs: dict[str, list[dict[str, Any]]] = {"ours": [], "ts": []}
                 wire: dict[str, Any] = {}
+                load0 = os.getloadavg()[0]
                 try:
-                    for _ in range(args.repeat):
-                        for side in ("ours", "ts"):
+                    for i in range(args.repeat):
+                        # alternate who goes first: neither side always follows the other's load
+                        for side in (("ours", "ts") if i % 2 == 0 else ("ts", "ours")):
                             if proxy:
                                 proxy.reset()
                             argv = [side, case, endpoint] + ([str(names_file)] if side == "ts" else [])
                             res = _call(argv, env)
-                            best[side] = min(best[side], res["seconds"])
+                            runs[side].append(res)
                             if proxy:
                                 wire[side] = proxy.stats()
-                            print(f"[{case} {label}] {side}: {res['seconds']:.3f} s, {res['arrays']} arrays, "
+                            print(f"[{case} {label}] {side}: {res['seconds']:.3f} s (cpu {res['cpu_seconds']:.2f} s, "
+                                  f"peak RSS {res['peak_rss_over_bytes']:.2f}x), {res['arrays']} arrays, "
                                   f"{res['bytes'] / 2**20:.0f} MiB", file=sys.stderr)
                 finally:
                     if proxy:
                         proxy.stop()
+                best = {k: min(r["seconds"] for r in v) for k, v in runs.items()}
+                # ratio of each alternating pair, so that a burst of load hits both sides
+                pairs = [o["seconds"] / t["seconds"] for o, t in zip(runs["ours"], runs["ts"])]
                 row[label] = {"ours_s": best["ours"], "ts_s": best["ts"], "ratio": best["ours"] / best["ts"],
-                              "wire": wire}
+                              "pair_ratios": pairs, "median_pair_ratio": statistics.median(pairs),
+                              "ours_cpu_s": min(r["cpu_seconds"] for r in runs["ours"]),
+                              "ts_cpu_s": min(r["cpu_seconds"] for r in runs["ts"]),
+                              "ours_peak_rss_over_bytes": max(r["peak_rss_over_bytes"] for r in runs["ours"]),
+                              "load": [load0, os.getloadavg()[0]], "wire": wire}
             results["cases"][case] = row
     finally:
         srv.stop()
 
-    lines = ["| case | ours/TensorStore | requests (ours / TS) | in sequence (ours / TS) |", "|---|---:|---:|---:|"]
+    lines = ["| case | ours/TS (best) | pairs: median (range) | CPU s ours / TS | requests (ours / TS) "
+             "| in sequence (ours / TS) | load |", "|---|---:|---:|---:|---:|---:|---:|"]
     for case, row in results["cases"].items():
         for label, r in row.items():
             w = r["wire"]
             req = f"{w['ours']['requests']} / {w['ts']['requests']}" if w else "-"
             dep = f"{w['ours']['depth']} / {w['ts']['depth']}" if w else "-"
-            lines.append(f"| {case}, {label} | {r['ratio']:.2f}x | {req} | {dep} |")
+            pr = r["pair_ratios"]
+            lines.append(f"| {case}, {label} | {r['ratio']:.2f}x | {r['median_pair_ratio']:.2f}x "
+                         f"({min(pr):.2f}–{max(pr):.2f}) | {r['ours_cpu_s']:.2f} / {r['ts_cpu_s']:.2f} | {req} | {dep} "
+                         f"| {r['load'][0]:.1f}–{r['load'][1]:.1f} |")
     print("\n".join(lines))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -9,9 +9,13 @@ descent) per metadata file and per chunk, so a whole-item read
   batch is fetched while the current one decodes) and decodes each straight into its output
   on the worker pool,
 * streams the chunks of all large arrays through one bounded fetch -> decode pipeline,
-* and, for items on the local filesystem, reads through :mod:`ocdbt_py.checkpoint.localread`
+* for items on the local filesystem, reads through :mod:`ocdbt_py.checkpoint.localread`
   (coalesced ``preadv`` into reused buffers, ``mmap`` for large chunks) instead of allocating
-  fresh buffers for every value.
+  fresh buffers for every value,
+* and, for items anywhere else (object stores, fsspec URLs, any other :class:`KvStore`),
+  sends the chunks of all arrays through :mod:`ocdbt_py.checkpoint.remoteread`: located once,
+  merged across arrays into few range reads, fetched within a byte budget, decoded as they
+  arrive.
 
 Region reads (lazy arrays, JAX targets) go through :mod:`zarr3`, which touches only the
 chunks a selection needs.
@@ -28,7 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from ocdbt_py.checkpoint.gcpause import paused_gc
 from ocdbt_py.checkpoint.localread import LocalSource, local_root
+from ocdbt_py.checkpoint.pages import small_pages
+from ocdbt_py.checkpoint.remoteread import RemoteSource
 from ocdbt_py.checkpoint.storage import ArrayStore
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request, slice_range
@@ -144,11 +151,25 @@ class ArrayReader:
         self.prefer_v3 = zarr3
         self._meta: dict[str, Any] = {}
         self._local: LocalSource | None | bool = False  # False: not looked at yet
+        self._remote: RemoteSource | None = None
 
     def _table(self) -> dict[str, Any] | None:
         """Key -> location of every key, if a whole-item read already scanned the B+tree."""
         src = self._local
-        return src.table if isinstance(src, LocalSource) else None
+        if isinstance(src, LocalSource):
+            return src.table
+        return self._remote.table if self._remote is not None else None
+
+    def remote_source(self) -> RemoteSource:
+        """Located, coalesced, budgeted fetches for items not on the local filesystem (one
+        scan of the B+tree, done on first use, locates every chunk and metadata value)."""
+        if self._remote is None:
+            if self.store.databases:
+                with paused_gc():  # thousands of entries, all alive: nothing for the collector
+                    self._remote = RemoteSource.for_ocdbt(self.kv, self.store.databases)
+            else:
+                self._remote = RemoteSource(self.kv)
+        return self._remote
 
     def local_source(self) -> LocalSource | None:
         """Fast local-file reads, when the item is on the local filesystem (else ``None``)."""
@@ -245,8 +266,14 @@ class ArrayReader:
         small arrays are batched too; large ones stream chunk by chunk through :mod:`zarr3`.
         The next batch is fetched while the current one decodes.
         """
-        self.local_source()  # one B+tree scan locates every chunk (and holds the metadata)
-        plan = self._plan(params)
+        if self.local_source() is None:  # one B+tree scan locates every chunk (and holds the metadata)
+            # remote: every chunk of every array through one located, coalesced, budgeted fetch
+            self.remote_source()
+            for (p, _, _), a in self.read_rows([(p, None, None) for p in params]):
+                yield p, a
+            return
+        with paused_gc():
+            plan = self._plan(params)
         if len(plan) <= 1:
             for kind, payload in plan:
                 yield from self._run_step(kind, payload, None)
@@ -327,7 +354,8 @@ class ArrayReader:
     def _decode_single(self, batch: list[tuple[str, Any]], keys: list[str], datas: list[Any],
                        done: Callable[[int], None] | None = None) -> Iterator[tuple[str, np.ndarray]]:
         """Decode arrays of exactly one chunk straight into their outputs, on the worker pool."""
-        outs: list[np.ndarray] = [np.empty(m.shape, dtype=m.data_type.dtype) for _, m in batch]
+        with small_pages():
+            outs: list[np.ndarray] = [np.empty(m.shape, dtype=m.data_type.dtype) for _, m in batch]
         for (p, _), key, raw in zip(batch, keys, datas):
             if raw is None and not self.fill_missing:
                 raise CorruptionError(
@@ -368,7 +396,8 @@ class ArrayReader:
                 lo, acc = i + 1, 0
         if lo < len(outs):
             jobs.append(job(lo, len(outs)))
-        _run_jobs(jobs)
+        with paused_gc():
+            _run_jobs(jobs)
         for (p, _), out in zip(batch, outs):
             yield p, out
 
@@ -384,16 +413,34 @@ class ArrayReader:
         """Rows ``[start, stop)`` (first axis; ``None`` = all) of several arrays, read through
         one bounded pipeline.  ``start`` and ``stop`` must fall on chunk boundaries (or the
         array's end), so that every chunk is decoded once, straight into its output."""
+        # many small objects, all alive until the end: nothing for the collector to find; and
+        # outputs on ordinary pages (see .pages)
+        with paused_gc(), small_pages():
+            return self._read_rows(requests)
+
+    def _read_rows(self, requests: Sequence[tuple[str, int | None, int | None]]
+                   ) -> list[tuple[tuple[str, int | None, int | None], np.ndarray]]:
         from zarr3._executor import num_threads, run_pipeline
 
         results: list[tuple[tuple[str, int | None, int | None], np.ndarray]] = []
         units: list[tuple[str, str, Any, np.ndarray, tuple[slice, ...], tuple[slice, ...] | None]] = []
         biggest = 1
-        for req in requests:
+        fast = self.local_source()
+        metas = self.metadata_many([p for p, _, _ in requests])  # one batch, not one request per array
+        whole_key: dict[int, str] = {}  # id(meta) -> key of its chunk (0, ...): metadata repeats
+        for req, m in zip(requests, metas):
             p, r0, r1 = req
-            m = self.metadata(p)
             shape = tuple(m.shape)
             cs = tuple(m.chunk_shape)
+            if r0 is None and r1 is None and shape == cs:  # the common case: one chunk, no edge
+                out = np.empty(shape, dtype=m.data_type.dtype)
+                results.append((req, out))
+                biggest = max(biggest, out.nbytes)
+                ck = whole_key.get(id(m))
+                if ck is None:
+                    ck = whole_key[id(m)] = m.chunk_key((0,) * len(shape))
+                units.append((f"{p}/{ck}", p, m, out, (), None))
+                continue
             lo = 0 if r0 is None or not shape else r0
             hi = (shape[0] if shape else 0) if r1 is None or not shape else min(r1, shape[0])
             if shape and (lo % cs[0] or (hi % cs[0] and hi != shape[0]) or lo > hi):
@@ -429,14 +476,41 @@ class ArrayReader:
                 return [lambda: region.__setitem__(Ellipsis, 0 if fv is None else fv)]
             return [_decode_job(m, data, region, local)]
 
+        if fast is None:
+            self._fetch_remote(units)
+            return results
+
         # keep about IN_FLIGHT_BYTES of fetched chunks in memory at a time
         workers = num_threads()
         per_batch = max(1, min(workers, IN_FLIGHT_BYTES // (3 * biggest)))
-        fast = self.local_source()
         source: Any = self.kv if fast is None else _LocalFetcher(fast)
         run_pipeline(source, units, lambda u: (u[0], None), handle, batch=per_batch,
                      max_pending=max(1, min(2 * workers, IN_FLIGHT_BYTES // (2 * biggest))))
         return results
+
+    def _fetch_remote(self, units: Sequence[tuple[str, str, Any, np.ndarray, tuple[slice, ...],
+                                                  tuple[slice, ...] | None]]) -> None:
+        """Fetch and decode ``units`` through :class:`RemoteSource` (see :mod:`.remoteread`)."""
+        src = self.remote_source()
+
+        def consume(i: int, data: Any) -> None:
+            key, p, m, out, sl, local = units[i]
+            region = out[sl + (Ellipsis,)]
+            if data is None:
+                if not self.fill_missing:
+                    raise CorruptionError(f"array {p!r}: chunk {key!r} is missing (the checkpoint stores every "
+                                          f"chunk, so a missing one means it is damaged or incomplete)",
+                                          path=self.kv.url)
+                fv = m.fill_value
+                region[...] = 0 if fv is None else fv
+                return
+            try:
+                _decode_job(m, data, region, local)()
+            except CorruptionError as e:
+                raise CorruptionError(f"array {p!r}: {e.reason}", path=self.kv.url) from e
+
+        hints = [math.prod(u[2].chunk_shape) * u[3].dtype.itemsize for u in units]
+        src.run([u[0] for u in units], hints, consume)
 
 
 class _LocalFetcher:

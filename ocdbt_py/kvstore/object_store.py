@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import concurrent.futures
 import os
 import re
 import threading
@@ -201,6 +202,38 @@ class ObjectStore(FsspecStore, abc.ABC):
             return list(await asyncio.gather(*(one(sem, k, r) for k, r in reqs)))
 
         return self._run(run_all())
+
+    # -- reading into caller buffers (checkpoint restore) -----------------------------------------
+    def read_into(self, requests: Sequence[tuple[str, int, memoryview]]
+                  ) -> list[concurrent.futures.Future[int | None]]:
+        """Start reading ``len(buf)`` bytes of each ``(key, start, buf)`` from offset ``start``
+        into ``buf``; each future gives the bytes read (fewer only when the object ends first)
+        or ``None`` when the object is absent, and raises :class:`StorageError` on failure.
+
+        Requests run concurrently and complete in any order, so a caller can decode one while
+        others are still arriving; the buffers belong to the caller (and can be reused)."""
+        for key, start, _ in requests:
+            self._locate(key)
+            if start < 0:
+                raise ValueError("read_into needs a non-negative start")
+        return [self._submit_read_into(key, start, buf) for key, start, buf in requests]
+
+    def _submit_read_into(self, key: str, start: int, buf: memoryview) -> concurrent.futures.Future[int | None]:
+        return asyncio.run_coroutine_threadsafe(self._read_into_async(key, start, buf), self.fs.loop)
+
+    async def _read_into_async(self, key: str, start: int, buf: memoryview) -> int | None:
+        bucket, name = self._locate(key)
+        if len(buf) == 0:
+            return 0
+        try:
+            data = await self._get_range(bucket, name, start, start + len(buf))
+        except Exception as e:
+            raise self._fail("reading", key, e) from e
+        if data is None:
+            return None
+        n = min(len(data), len(buf))
+        buf[:n] = memoryview(data)[:n]
+        return n
 
     def size(self, key: str) -> int | None:
         bucket, name = self._locate(key)

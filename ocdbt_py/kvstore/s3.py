@@ -19,11 +19,16 @@ Configuration comes through fsspec ``storage_options`` (``key``, ``secret``, ``t
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import os
+import time
+from collections.abc import Sequence
 from typing import Any
 
 from ocdbt_py.errors import ConditionFailedError, StorageError, UnsupportedError
 from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings
+from ocdbt_py.kvstore.rangeio import HttpStatusError, shared_reader
 
 __all__ = ["S3Store"]
 
@@ -113,6 +118,122 @@ class S3Store(ObjectStore):
             return bytes(await body.read())
         finally:
             body.close()
+
+    async def _read_into_async(self, key: str, start: int, buf: memoryview) -> int | None:
+        """One ranged GET whose body is streamed into ``buf`` (no intermediate join)."""
+        bucket, name = self._locate(key)
+        n = len(buf)
+        if n == 0:
+            return 0
+        try:
+            try:
+                resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=name,
+                                              Range=f"bytes={start}-{start + n - 1}", **self.fs.req_kw)
+            except FileNotFoundError:
+                return None
+            except Exception as e:
+                code, status = _error_code(e)
+                if code == "InvalidRange" or status == 416:
+                    return 0
+                raise
+            body = resp["Body"]
+            got = 0
+            try:
+                while got < n:
+                    k = await body.readinto(buf[got:])
+                    if not k:
+                        break
+                    got += k
+            finally:
+                body.close()
+            return got
+        except Exception as e:
+            raise self._fail("reading", key, e) from e
+
+    # -- threaded range reads (see ocdbt_py.kvstore.rangeio) ---------------------------------------
+    #: presigned GET URLs live this long; they are reused for half of it
+    _presign_seconds = 3600
+
+    def _threaded_reader(self) -> Any:
+        """The threaded HTTP reader for this store, or ``None`` where it cannot stand in for
+        the S3 client (proxies, extra request parameters such as SSE-C keys, or
+        ``OCDBT_PY_THREADED_HTTP=0``)."""
+        state = getattr(self, "_http_state", None)
+        if state is not None:
+            return state or None
+        reader: Any = False
+        env = os.environ
+        fs = self.fs
+        client_kwargs = getattr(fs, "client_kwargs", None) or {}
+        config_kwargs = getattr(fs, "config_kwargs", None) or {}
+        if (env.get("OCDBT_PY_THREADED_HTTP", "1") not in ("0", "false", "no")
+                and not any(env.get(v) for v in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy",
+                                                "ALL_PROXY", "all_proxy"))
+                and not config_kwargs.get("proxies")
+                and not getattr(fs, "s3_additional_kwargs", None)):
+            verify = client_kwargs.get("verify", env.get("AWS_CA_BUNDLE") or None)
+            if verify is None or isinstance(verify, (bool, str)):
+                threads = env.get("OCDBT_PY_HTTP_THREADS", "")
+                reader = shared_reader(verify, max(1, int(threads)) if threads.isdigit() else 16)
+        self._http_state = reader
+        self._presigned: dict[str, tuple[str, float]] = {}
+        return reader or None
+
+    def _presign(self, keys: Sequence[str]) -> dict[str, str]:
+        """Presigned GET URLs for ``keys`` (cached; all uncached ones signed in one loop call)."""
+        now = time.monotonic()
+        out: dict[str, str] = {}
+        todo: list[str] = []
+        for k in dict.fromkeys(keys):
+            hit = self._presigned.get(k)
+            if hit is not None and hit[1] > now:
+                out[k] = hit[0]
+            else:
+                todo.append(k)
+        if todo:
+            async def sign() -> list[str]:
+                client = await self.fs.set_session()
+                return list(await asyncio.gather(*(
+                    client.generate_presigned_url(
+                        "get_object", Params={"Bucket": b, "Key": n, **self.fs.req_kw},
+                        ExpiresIn=self._presign_seconds)
+                    for b, n in (self._locate(k) for k in todo))))
+
+            urls = self._run(sign())
+            for k, u in zip(todo, urls):
+                out[k] = u
+                self._presigned[k] = (u, now + self._presign_seconds / 2)
+        return out
+
+    def read_into(self, requests: Sequence[tuple[str, int, memoryview]]) -> list[Any]:
+        reader = self._threaded_reader()
+        if reader is None:
+            return super().read_into(requests)
+        for key, start, _ in requests:
+            self._locate(key)
+            if start < 0:
+                raise ValueError("read_into needs a non-negative start")
+        try:
+            urls = self._presign([k for k, _, _ in requests])
+        except Exception:  # noqa: BLE001 - cannot presign here: use the S3 client itself
+            self._http_state = False
+            return super().read_into(requests)
+        return [reader.run(self._fast_read, reader, urls[k], k, start, buf) for k, start, buf in requests]
+
+    def _fast_read(self, reader: Any, url: str, key: str, start: int, buf: memoryview) -> int | None:
+        if self._http_state is False:  # an earlier request found the fast path unusable
+            return self._run(self._read_into_async(key, start, buf))
+        try:
+            return reader.read_into(url, start, buf)  # type: ignore[no-any-return]
+        except HttpStatusError as e:
+            if e.status in (200, 301, 307, 400, 403):
+                # redirected, refused the presigned form, or ignored the range: the S3 client
+                # knows better (regions, signing); stop using the fast path for this store
+                self._http_state = False
+                return self._run(self._read_into_async(key, start, buf))
+            raise self._fail("reading", key, e) from e
+        except (OSError, http.client.HTTPException) as e:  # refused, reset, cut short, timed out
+            raise self._fail("reading", key, e) from e
 
     async def _object_size(self, bucket: str, name: str) -> int | None:
         try:

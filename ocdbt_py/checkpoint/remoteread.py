@@ -1,0 +1,372 @@
+"""Reading the chunks of a checkpoint on a remote store: located once, coalesced across
+arrays, fetched concurrently within an explicit byte budget, decoded while the rest arrives.
+
+Over a network the cost of a restore is round trips and transfer, not CPU.  So for items that
+are not on the local filesystem the reader
+
+* locates every chunk once (for OCDBT items, one scan of the B+tree gives each key's data
+  file, offset and length, and the inline values such as the Zarr metadata),
+* sorts the chunks of *all* requested arrays by data file and offset and merges neighbours
+  (at most :data:`GAP` bytes apart, up to :data:`MAX_SPAN` bytes per request) into few large
+  ranged reads, whatever array each chunk belongs to,
+* keeps requests in flight until :data:`IN_FLIGHT_BYTES` of fetched-but-not-yet-decoded bytes
+  are outstanding (a byte budget, not a CPU count: a 2-core client can wait on dozens of
+  requests), and
+* hands each range to the decode workers as soon as it arrives, so decoding overlaps the
+  transfer of the rest.
+
+Stores with :meth:`~ocdbt_py.kvstore.object_store.ObjectStore.read_into` (S3, GCS, Azure)
+read each range straight into a buffer taken from a small reuse pool; any other store gets
+``get_many`` calls on I/O threads.  Memory held for fetched bytes never exceeds the budget
+(a single value larger than the budget is fetched alone).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ocdbt_py.checkpoint.pages import small_pages
+from ocdbt_py.errors import CorruptionError
+from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.keys import validate_key
+from ocdbt_py.kvstore.prefixed import PrefixStore
+
+__all__ = ["RemoteLoc", "RemoteSource", "IN_FLIGHT_BYTES", "MAX_SPAN", "GAP", "fetch_budget"]
+
+#: Fetched bytes (compressed, not yet decoded) held at a time; ``OCDBT_PY_FETCH_BYTES``
+#: overrides it.  This, not the CPU count, sets how many requests are in flight.
+IN_FLIGHT_BYTES = 64 << 20
+#: Neighbouring values of one data file at most this far apart are fetched with one request
+#: (skipped bytes cost less than a round trip)...
+GAP = 1 << 20
+#: ...as long as the request stays within this many bytes; a larger single value is one request.
+MAX_SPAN = 16 << 20
+#: The first requests are smaller (this, doubling up to MAX_SPAN) so decoding starts early.
+FIRST_SPAN = 4 << 20
+#: Values of one request are decoded in jobs of about this many bytes (both workers share
+#: the last request instead of one decoding it alone).
+DECODE_JOB_BYTES = 4 << 20
+#: Most requests in flight at once (on top of the byte budget).
+MAX_REQUESTS = 64
+#: Keys per ``get_many`` when values cannot be located in advance (one object per chunk).
+KEYS_PER_BATCH = 64
+
+_io_lock = threading.Lock()
+_io_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _io() -> concurrent.futures.ThreadPoolExecutor:
+    global _io_pool
+    with _io_lock:
+        if _io_pool is None:
+            _io_pool = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="ocdbt-fetch")
+        return _io_pool
+
+
+def fetch_budget() -> int:
+    """The in-flight byte budget (:data:`IN_FLIGHT_BYTES` or ``OCDBT_PY_FETCH_BYTES``)."""
+    env = os.environ.get("OCDBT_PY_FETCH_BYTES")
+    if env:
+        try:
+            return max(1 << 20, int(env))
+        except ValueError:
+            pass
+    return IN_FLIGHT_BYTES
+
+
+class _Pool:
+    """Reusable fetch buffers: at most ``limit`` bytes of them exist at a time, in use or free
+    (one buffer larger than ``limit`` may exist alone).  Fresh ones come from ``np.empty``:
+    their pages are faulted in by the socket reads that fill them (on the I/O threads,
+    without the GIL), not by zero-filling on the thread that plans the fetches."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.free: list[np.ndarray] = []
+        self.free_bytes = 0
+        self.used_bytes = 0
+        self.lock = threading.Lock()
+
+    def take(self, n: int) -> np.ndarray:
+        with self.lock:
+            best = -1
+            for i, b in enumerate(self.free):
+                if b.nbytes >= n and (best < 0 or b.nbytes < self.free[best].nbytes):
+                    best = i
+            if best >= 0 and self.free[best].nbytes <= 2 * n + (1 << 20):
+                b = self.free.pop(best)
+                self.free_bytes -= b.nbytes
+                self.used_bytes += b.nbytes
+                return b
+            # make room: drop free buffers (largest first) that would push us past the limit
+            self.free.sort(key=lambda x: x.nbytes)
+            while self.free and self.used_bytes + self.free_bytes + n > self.limit:
+                self.free_bytes -= self.free.pop().nbytes
+            self.used_bytes += n
+        with small_pages():
+            return np.empty(n, dtype=np.uint8)
+
+    def give(self, b: np.ndarray) -> None:
+        with self.lock:
+            self.used_bytes -= b.nbytes
+            if self.used_bytes + self.free_bytes + b.nbytes <= self.limit:
+                self.free.append(b)
+                self.free_bytes += b.nbytes
+
+
+class RemoteLoc:
+    """Where a value is: ``inline`` bytes, or ``length`` bytes at ``offset`` of data file
+    ``key`` of store number ``store``."""
+
+    __slots__ = ("store", "key", "offset", "length", "inline")
+
+    def __init__(self, store: int, key: str | None, offset: int, length: int, inline: bytes | None = None):
+        self.store = store
+        self.key = key
+        self.offset = offset
+        self.length = length
+        self.inline = inline
+
+
+def _unwrap(kv: KvStore) -> tuple[KvStore, str]:
+    """The innermost store below prefix views, and the key prefix those views add."""
+    prefix = ""
+    while type(kv) is PrefixStore:
+        prefix = kv.prefix + prefix
+        kv = kv.base
+    return kv, prefix
+
+
+class _Job:
+    """One request (or one ``get_many`` batch) and the values it answers."""
+
+    __slots__ = ("nbytes", "spans", "buf", "keys")
+
+    def __init__(self, nbytes: int, spans: list[tuple[int, str, int, int, list[tuple[int, int, int]]]],
+                 keys: list[tuple[int, str]] | None = None):
+        self.nbytes = nbytes
+        #: (store, data file key, start, stop, [(value index, offset, length)])
+        self.spans = spans
+        self.buf: np.ndarray | None = None
+        #: whole keys of the item store (no locations known): (value index, key)
+        self.keys = keys
+
+
+class RemoteSource:
+    """Locates and fetches the chunk values of one item on a remote store.
+
+    ``stores`` hold the data files named by ``table`` (one per database); ``kv`` is the
+    item's array store, used for keys when ``table`` is ``None`` (no locations known).
+    """
+
+    def __init__(self, kv: KvStore, stores: Sequence[KvStore] = (), table: dict[str, RemoteLoc] | None = None):
+        self.kv = kv
+        self.stores = list(stores)
+        #: for OCDBT items: every key's location (inline values included), from one B+tree scan
+        self.table = table
+        self._direct = [_unwrap(s) for s in self.stores]
+
+    @classmethod
+    def for_ocdbt(cls, kv: KvStore, databases: Sequence[Any]) -> RemoteSource:
+        """Scan the B+tree of each database (searched in order, first hit wins)."""
+        table: dict[str, RemoteLoc] = {}
+        stores: list[KvStore] = []
+        for si, db in enumerate(databases):
+            stores.append(db.kvstore)
+            files: dict[bytes, str] = {}
+            for e in db.entries():
+                k = e.key.decode("utf-8", "surrogateescape")
+                if k in table:
+                    continue
+                if e.location is None:
+                    table[k] = RemoteLoc(si, None, 0, e.size, e.inline if e.inline is not None else b"")
+                    continue
+                ref = e.location
+                fk = ref.file.path
+                path = files.get(fk)
+                if path is None:
+                    try:
+                        path = fk.decode("utf-8")
+                        validate_key(path)
+                    except (UnicodeDecodeError, ValueError) as err:
+                        raise CorruptionError(f"unsafe data file path {fk!r}: {err}", path=db.kvstore.url) from err
+                    files[fk] = path
+                table[k] = RemoteLoc(si, path, ref.offset, ref.length)
+        return cls(kv, stores, table)
+
+    # -- planning ----------------------------------------------------------------------------
+    def _plan(self, keys: Sequence[str], size_hints: Sequence[int]) -> tuple[list[_Job], list[tuple[int, Any]]]:
+        """Jobs to fetch, and ``(index, value)`` answers known without a request."""
+        ready: list[tuple[int, Any]] = []
+        jobs: list[_Job] = []
+        if self.table is None:
+            batch: list[tuple[int, str]] = []
+            acc = 0
+            limit = max(1, fetch_budget() // 4)
+            for i, k in enumerate(keys):
+                if batch and (len(batch) >= KEYS_PER_BATCH or acc + size_hints[i] > limit):
+                    jobs.append(_Job(acc, [], batch))
+                    batch, acc = [], 0
+                batch.append((i, k))
+                acc += size_hints[i]
+            if batch:
+                jobs.append(_Job(acc, [], batch))
+            return jobs, ready
+        by_file: dict[tuple[int, str], list[tuple[int, int, int]]] = {}
+        for i, k in enumerate(keys):
+            loc = self.table.get(k)
+            if loc is None:
+                ready.append((i, None))
+            elif loc.key is None:
+                ready.append((i, loc.inline))
+            elif loc.length == 0:
+                ready.append((i, b""))
+            else:
+                by_file.setdefault((loc.store, loc.key), []).append((i, loc.offset, loc.length))
+        for (si, fk), vals in by_file.items():
+            vals.sort(key=lambda v: v[1])
+            cur: list[tuple[int, int, int]] = []
+            lo = hi = 0
+            for v in vals:
+                a, b = v[1], v[1] + v[2]
+                span = MAX_SPAN if len(jobs) >= 8 else min(MAX_SPAN, FIRST_SPAN << len(jobs))
+                if cur and a <= hi + GAP and max(hi, b) - lo <= span:
+                    cur.append(v)
+                    hi = max(hi, b)
+                    continue
+                if cur:
+                    jobs.append(_Job(hi - lo, [(si, fk, lo, hi, cur)]))
+                cur, lo, hi = [v], a, b
+            if cur:
+                jobs.append(_Job(hi - lo, [(si, fk, lo, hi, cur)]))
+        return jobs, ready
+
+    # -- fetching ----------------------------------------------------------------------------
+    def _start(self, job: _Job, pool: _Pool) -> concurrent.futures.Future[Any]:
+        if job.keys is not None:
+            kv = self.kv
+            return _io().submit(kv.get_many, [k for _, k in job.keys])
+        si, fk, lo, hi, _ = job.spans[0]
+        base, prefix = self._direct[si]
+        read_into = getattr(base, "read_into", None)
+        if read_into is not None:
+            job.buf = pool.take(hi - lo)
+            return read_into([(prefix + fk, lo, job.buf.data[: hi - lo])])[0]  # type: ignore[no-any-return]
+        store = self.stores[si]
+        return _io().submit(store.get_many, [(fk, (lo, hi))])
+
+    def _answers(self, job: _Job, result: Any) -> list[tuple[int, Any]]:
+        if job.keys is not None:
+            return [(i, v) for (i, _), v in zip(job.keys, result)]
+        si, fk, lo, hi, members = job.spans[0]
+        if job.buf is not None:
+            got = result
+            data: Any = None if got is None else job.buf.data[:got]
+        else:
+            data = result[0]
+            got = None if data is None else len(data)
+            if data is not None:
+                data = memoryview(data)
+        where = f"{self.stores[si].url.rstrip('/')}/{fk}"
+        if data is None:
+            raise CorruptionError(f"data file {fk!r} referenced by the database is missing", path=where)
+        if got != hi - lo:
+            raise CorruptionError(f"data file is truncated: wanted {hi - lo} bytes at offset {lo}, got {got}",
+                                  path=where, offset=lo)
+        return [(i, data[off - lo: off - lo + n]) for i, off, n in members]
+
+    def run(self, keys: Sequence[str], size_hints: Sequence[int], consume: Callable[[int, Any], None]) -> None:
+        """Fetch the value of every key and call ``consume(index, value)`` for each, on the
+        decode workers (``value``: a bytes-like object valid only during the call, or ``None``
+        when the key is absent).  Returns when every value was consumed; re-raises the first
+        error after every request started has finished."""
+        from zarr3._executor import get_pool, num_threads
+
+        jobs, ready = self._plan(keys, size_hints)
+        budget = fetch_budget()
+        buffers = _Pool(budget)  # per read: reuse within it, nothing kept after it
+        pool = get_pool() if num_threads() > 1 else None
+        queue = deque(jobs)
+        fetching: dict[concurrent.futures.Future[Any], _Job] = {}
+        decoding: dict[concurrent.futures.Future[Any], _Job | None] = {}
+        held = 0
+
+        def decode_all(answers: list[tuple[int, Any]]) -> None:
+            for i, v in answers:
+                consume(i, v)
+
+        def submit_decode(answers: list[tuple[int, Any]], job: _Job | None) -> None:
+            if pool is None:
+                decode_all(answers)
+                f: concurrent.futures.Future[Any] = concurrent.futures.Future()
+                f.set_result(None)
+                decoding[f] = job
+                return
+            # split into jobs of about DECODE_JOB_BYTES; the request's buffer is released when
+            # the last of them is done (tracked as one future finishing after all parts)
+            parts: list[concurrent.futures.Future[Any]] = []
+            lo = acc = 0
+            for k, (_, v) in enumerate(answers):
+                acc += len(v) if v is not None else 0
+                if acc >= DECODE_JOB_BYTES:
+                    parts.append(pool.submit(decode_all, answers[lo: k + 1]))
+                    lo, acc = k + 1, 0
+            if lo < len(answers):
+                parts.append(pool.submit(decode_all, answers[lo:]))
+            if len(parts) == 1:
+                decoding[parts[0]] = job
+                return
+            done_all: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            remaining = [len(parts)]
+            lock = threading.Lock()
+
+            def one_done(_f: concurrent.futures.Future[Any]) -> None:
+                with lock:
+                    remaining[0] -= 1
+                    last = remaining[0] == 0
+                if last:
+                    errs = [p.exception() for p in parts if not p.cancelled() and p.exception() is not None]
+                    if errs:
+                        done_all.set_exception(errs[0])
+                    else:
+                        done_all.set_result(None)
+
+            for pf in parts:
+                pf.add_done_callback(one_done)
+            decoding[done_all] = job
+
+        try:
+            for lo in range(0, len(ready), 256):
+                submit_decode(ready[lo: lo + 256], None)
+            while queue or fetching or decoding:
+                while queue and len(fetching) < MAX_REQUESTS and (
+                        held + queue[0].nbytes <= budget or not (fetching or decoding)):
+                    job = queue.popleft()
+                    held += job.nbytes
+                    fetching[self._start(job, buffers)] = job
+                done, _ = concurrent.futures.wait(list(fetching) + list(decoding),
+                                                  return_when=concurrent.futures.FIRST_COMPLETED)
+                for f in done:
+                    if f in fetching:
+                        job = fetching.pop(f)
+                        submit_decode(self._answers(job, f.result()), job)
+                    else:
+                        dj = decoding.pop(f)
+                        f.result()
+                        if dj is not None:
+                            held -= dj.nbytes
+                            if dj.buf is not None:
+                                buffers.give(dj.buf)
+                                dj.buf = None
+        except BaseException:
+            queue.clear()
+            # buffers may still be written into: let every started request finish first
+            concurrent.futures.wait(list(fetching) + list(decoding))
+            raise
