@@ -91,11 +91,48 @@ def copy_arrays(
         rows = max(1, _PIECE // max(1, a.nbytes // a.shape[0]))
         for start in range(0, a.shape[0], rows):
             jobs.append((dst[start:start + rows], a[start:start + rows]))
-    if workers <= 1 or len(jobs) <= 1:
-        for dst, src in jobs:
-            np.copyto(dst, src)
-    else:
-        with concurrent.futures.ThreadPoolExecutor(workers) as ex:
-            for f in [ex.submit(np.copyto, dst, src) for dst, src in jobs]:
-                f.result()
+    groups = _balanced_groups(jobs, workers)
+    if len(groups) <= 1:
+        _copy_group(jobs)
+    else:  # the caller copies the first group while the pool copies the others
+        futures = [_copy_pool().submit(_copy_group, g) for g in groups[1:]]
+        _copy_group(groups[0])
+        for f in futures:
+            f.result()
     return outs, arena
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _copy_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """Threads kept for copies between saves (starting threads per save costs milliseconds)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="ocdbt-copy")
+        return _pool
+
+
+def _copy_group(jobs: Sequence[tuple[np.ndarray, Any]]) -> None:
+    for dst, src in jobs:
+        np.copyto(dst, src)
+
+
+def _balanced_groups(jobs: list[tuple[np.ndarray, Any]], workers: int) -> list[list[tuple[np.ndarray, Any]]]:
+    """``jobs`` cut into at most ``workers`` runs of about equal bytes (one task per thread
+    rather than one per piece: hundreds of small submissions cost more than they save)."""
+    n = max(1, min(workers, 4, len(jobs)))
+    total = sum(dst.nbytes for dst, _ in jobs)
+    if n == 1 or total == 0:
+        return [jobs] if jobs else []
+    share = total / n
+    groups: list[list[tuple[np.ndarray, Any]]] = [[]]
+    acc = 0
+    for job in jobs:
+        if acc >= share * len(groups) and len(groups) < n:
+            groups.append([])
+        groups[-1].append(job)
+        acc += job[0].nbytes
+    return [g for g in groups if g]

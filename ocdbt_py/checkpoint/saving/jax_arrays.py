@@ -89,8 +89,30 @@ def _json_spec_element(e: Any) -> Any:
     raise TypeError(f"cannot record partition spec element {e!r}")
 
 
+_json_cache: dict[Any, str | None] = {}
+
+
 def sharding_json(sharding: Any) -> str | None:
-    """The serialized sharding Orbax writes into ``_sharding`` (``None`` for other types)."""
+    """The serialized sharding Orbax writes into ``_sharding`` (``None`` for other types).
+
+    Shardings are immutable and hashable: a training loop saving the same state repeatedly
+    serializes each distinct sharding once.
+    """
+    try:
+        return _json_cache[sharding]
+    except (KeyError, TypeError):
+        pass
+    doc = _sharding_json(sharding)
+    try:
+        if len(_json_cache) > 4096:
+            _json_cache.clear()
+        _json_cache[sharding] = doc
+    except TypeError:  # unhashable sharding
+        pass
+    return doc
+
+
+def _sharding_json(sharding: Any) -> str | None:
     import jax
 
     if isinstance(sharding, jax.sharding.NamedSharding):
