@@ -8,6 +8,9 @@
    data; ``export_safetensors`` streams it to a safetensors file.
 4. The other way round: ``ocdbt_py.checkpoint.save`` writes a NumPy tree (no JAX here) and
    Orbax, in a child process, restores it and compares every leaf.
+5. A training loop with ``CheckpointManager`` (async saves, ``FixedInterval``, retention by
+   ``LatestN`` and ``BestN`` on the loss); Orbax's own ``CheckpointManager`` lists the steps,
+   picks the same best step and restores it.
 
 Run: ``python -m ocdbt_py.demo [--dir .demo]``.
 """
@@ -52,6 +55,27 @@ _SAVE = textwrap.dedent(
         "params.dense.bias": np.arange(128).astype(ml_dtypes.bfloat16).astype(np.float32).tolist(),
     }
     json.dump(saved, open(path + ".expected.json", "w"))
+    """
+)
+
+
+_ORBAX_MANAGER = textwrap.dedent(
+    """
+    import sys, json
+    import numpy as np
+    import orbax.checkpoint as ocp
+    root, want = sys.argv[1], json.loads(sys.argv[2])
+    opts = ocp.CheckpointManagerOptions(best_fn=lambda m: m["loss"], best_mode="min")
+    with ocp.CheckpointManager(root, options=opts) as mgr:
+        best = mgr.best_step()
+        got = mgr.restore(best, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(), config=ocp.args.JsonRestore()))
+        ok = (mgr.all_steps() == want["steps"] and best == want["best"]
+              and np.array_equal(np.asarray(got["params"]["w"]), np.full((64, 64), best, np.float32))
+              and got["config"] == {"lr": 0.1, "step": best})
+        print("Orbax's CheckpointManager: steps", mgr.all_steps(), "best", best, "->",
+              "matches" if ok else "MISMATCH")
+    sys.exit(0 if ok else 1)
     """
 )
 
@@ -167,7 +191,24 @@ def main(argv: list[str] | None = None) -> int:
         json.dump({"w": w.tolist(), "emb": emb.astype(np.float32).tolist(), "step": 2000,
                    "tag": "saved-by-ocdbt-py"}, fh)
     back = subprocess.run([sys.executable, "-c", _ORBAX_RESTORE, ours, want])
-    return 0 if ok and not loaded and back.returncode == 0 else 1
+
+    _step(7, "CheckpointManager: a training loop with async saves and retention; Orbax's manager reads it")
+    from ocdbt_py.checkpoint.manager import BestN, CheckpointManager, FixedInterval, KeepAnyOf, LatestN
+
+    root = os.path.join(work, "run")
+    losses = [5.0, 3.0, 1.0, 2.0, 4.0, 3.5, 6.0]
+    t = time.perf_counter()
+    with CheckpointManager(root, save_policy=FixedInterval(10),
+                           preservation=KeepAnyOf(LatestN(2), BestN(1, "loss"))) as mgr:
+        for step in range(70):
+            params = {"w": np.full((64, 64), step, np.float32)}
+            mgr.save(step, {"params": params, "config": checkpoint.JsonItem({"lr": 0.1, "step": step})},
+                     metrics={"loss": losses[step // 10]})
+        mgr.wait_until_finished()
+        steps, best = mgr.all_steps(), mgr.best_step()
+    print(f"70 steps, saved every 10, in {time.perf_counter() - t:.2f} s; kept {steps}, best {best}")
+    managed = subprocess.run([sys.executable, "-c", _ORBAX_MANAGER, root, json.dumps({"steps": steps, "best": best})])
+    return 0 if ok and not loaded and back.returncode == 0 and managed.returncode == 0 else 1
 
 
 def _summarise(tree: object) -> object:

@@ -23,3 +23,5 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "Orbax restored" in p.stdout and "-> matches" in p.stdout
     assert "verify: clean" in p.stdout
     assert "modules loaded in this process from JAX/TensorStore: none" in p.stdout
+    assert "kept [20, 50, 60], best 20" in p.stdout
+    assert "Orbax's CheckpointManager: steps [20, 50, 60] best 20 -> matches" in p.stdout
