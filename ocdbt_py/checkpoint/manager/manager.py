@@ -35,6 +35,7 @@ from ocdbt_py.checkpoint.manager.preservation import BestN, PreservationPolicy, 
 from ocdbt_py.checkpoint.manager.steps import (
     METRICS_FILE,
     METRICS_ITEM,
+    metrics_json,
     writes_in_place,
 )
 from ocdbt_py.checkpoint.manager.steps import cleanup as cleanup_root
@@ -294,7 +295,7 @@ class CheckpointManager:
 
         tree: dict[str, Any] = dict(items)
         if metrics is not None:
-            tree[METRICS_ITEM] = JsonItem(_plain_json(metrics), filename=METRICS_FILE)
+            tree[METRICS_ITEM] = JsonItem(metrics_json(metrics), filename=METRICS_FILE)
         name = self.step_name_format.name(step)
         self._steps.wait_recorded()  # saves run one at a time: wait for the previous commit
         self.check_for_errors()
@@ -400,15 +401,3 @@ class CheckpointManager:
 
     def __repr__(self) -> str:
         return f"<CheckpointManager {self.root} steps={self.all_steps()}>"
-
-
-def _plain_json(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """Metrics as plain JSON (NumPy and JAX scalars become Python numbers)."""
-    out: dict[str, Any] = {}
-    for k, v in metrics.items():
-        if not isinstance(k, str):
-            raise TypeError(f"metric names are strings, not {k!r}")
-        if hasattr(v, "item") and getattr(v, "shape", None) == ():
-            v = v.item()
-        out[k] = v
-    return out

@@ -51,7 +51,7 @@ from ocdbt_py.checkpoint.manager.mesh_metadata import (
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.preemption import PreemptionWatcher
 from ocdbt_py.checkpoint.manager.preservation import LatestN, PreservationPolicy
-from ocdbt_py.checkpoint.manager.steps import METRICS_FILE, METRICS_ITEM
+from ocdbt_py.checkpoint.manager.steps import METRICS_FILE, METRICS_ITEM, metrics_json
 from ocdbt_py.checkpoint.manager.steps import cleanup as cleanup_root
 from ocdbt_py.checkpoint.manager.tier import Tier
 from ocdbt_py.checkpoint.manager.tier_plan import LOCAL, PEER, PERSISTENT, RestorePlan, plan_restore
@@ -100,16 +100,6 @@ class RestoreInfo:
     replica: int | None
     notes: tuple[str, ...] = ()
 
-
-def _plain_json(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in metrics.items():
-        if not isinstance(k, str):
-            raise TypeError(f"metric names are strings, not {k!r}")
-        if hasattr(v, "item") and getattr(v, "shape", None) == ():
-            v = v.item()
-        out[k] = v
-    return out
 
 
 class MultiTierCheckpointManager:
@@ -402,7 +392,7 @@ class MultiTierCheckpointManager:
         if metrics is not None:
             from ocdbt_py.checkpoint.saving.api import JsonItem
 
-            items[METRICS_ITEM] = JsonItem(_plain_json(metrics), filename=METRICS_FILE)
+            items[METRICS_ITEM] = JsonItem(metrics_json(metrics), filename=METRICS_FILE)
         fingerprint = state_fingerprint(state)
         if local:
             self._save_local(step, state, items, fingerprint)

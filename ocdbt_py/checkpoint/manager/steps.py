@@ -18,7 +18,8 @@ from ocdbt_py.checkpoint.saving.sinks import local_path
 from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
 
-__all__ = ["METRICS_ITEM", "METRICS_FILE", "scan", "read_step_info", "cleanup", "delete_step", "writes_in_place"]
+__all__ = ["METRICS_ITEM", "METRICS_FILE", "scan", "read_step_info", "cleanup", "delete_step", "writes_in_place",
+           "metrics_json"]
 
 #: Orbax keeps a step's metrics as the JSON item ``metrics`` in the file ``metrics``.
 METRICS_ITEM = "metrics"
@@ -150,3 +151,15 @@ def _remove_dir(kv: KvStore, name: str) -> None:
     else:
         for k in rest:
             kv.delete(k)
+
+
+def metrics_json(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """Metrics as plain JSON (NumPy and JAX scalars become Python numbers)."""
+    out: dict[str, Any] = {}
+    for k, v in metrics.items():
+        if not isinstance(k, str):
+            raise TypeError(f"metric names are strings, not {k!r}")
+        if hasattr(v, "item") and getattr(v, "shape", None) == ():
+            v = v.item()
+        out[k] = v
+    return out
