@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+from typing import Any
 
 from ocdbt_py.cli.options import add_json, add_location
 
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     names, infos = scan(kv, fmt)
     if not names and not kv.list_dir("")[0]:
         raise NotFoundError(f"{args.url} does not exist or is empty (no checkpoint steps there)")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for step, name in names.items():
         info = infos[step]
         when = datetime.datetime.fromtimestamp(info.time, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
