@@ -13,6 +13,7 @@ from ocdbt_py.btree_read import iterate, iterate_keys, lookup, lookup_many
 from ocdbt_py.cache import LruCache
 from ocdbt_py.errors import (
     ConditionFailedError,
+    CorruptionError,
     InvalidKeyError,
     NotFoundError,
     ReadOnlyError,
@@ -158,6 +159,23 @@ class OcdbtStore:
         if isinstance(version, int):
             return find_generation(reader, m, version)
         return find_time(reader, m, to_nanoseconds(version))
+
+    def read_ahead_root(self) -> bool:
+        """Start fetching the root node of the B+tree this store reads, where the underlying
+        store can read ahead (object stores: see :meth:`ObjectStore.read_ahead`), and return
+        at once; the first lookup or listing then finds it arriving or arrived.  ``False``
+        when nothing was started."""
+        from ocdbt_py.kvstore.object_store import read_ahead
+
+        sel = self._selected
+        if sel is None or sel.root is None or sel.root.length == 0 or self._cache.get(("b", sel.root)) is not None:
+            return False
+        ref = sel.root
+        try:
+            key = self._reader.file_key(ref.file)
+        except CorruptionError:
+            return False  # reported by the first read
+        return read_ahead(self.kvstore, [(key, (ref.offset, ref.offset + ref.length))])
 
     # -- metadata ----------------------------------------------------------------------------
     @property

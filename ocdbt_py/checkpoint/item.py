@@ -33,8 +33,9 @@ from ocdbt_py.checkpoint.treemeta import (
     empty_value,
     parse_tree_metadata,
 )
-from ocdbt_py.errors import CorruptionError, NotFoundError, UnsupportedError
+from ocdbt_py.errors import CorruptionError, NotFoundError, OcdbtError, UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.object_store import is_object_store
 
 __all__ = ["Leaf", "PyTreeItem", "ARRAY", "SCALAR", "STRING", "EMPTY", "INLINE"]
 
@@ -54,10 +55,16 @@ class PyTreeItem:
         self.kv = kv
         self.listing = listing or Listing.of(kv)
         self.tree_metadata: TreeMetadata | None = None
+        self._store: ArrayStore | None = None
+        if "manifest.ocdbt" in self.listing.files and is_object_store(kv):
+            # open the database first: its B+tree root is then fetched while _METADATA is parsed
+            try:
+                self._store = open_array_store(kv, files=self.listing.files, dirs=self.listing.dirs, use_ocdbt=None)
+            except OcdbtError:
+                self._store = None  # reported when the arrays are read, as for other stores
         doc = read_json(kv, "_METADATA") if "_METADATA" in self.listing.files else None
         if doc is not None:
             self.tree_metadata = parse_tree_metadata(doc)
-        self._store: ArrayStore | None = None
         self._reader: ArrayReader | None = None
         self._strings: Any = None
         self._array_metadatas: dict[str, dict[str, Any]] | None = None

@@ -33,6 +33,8 @@ __all__ = [
     "parse_step_name",
     "step_metadata",
     "is_v1_checkpoint",
+    "read_ahead",
+    "listing_of",
 ]
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -72,6 +74,39 @@ class Listing:
 
 
 _PYTREE_FILES = ("_METADATA", "manifest.ocdbt", "checkpoint", "_sharding", "_strings.json")
+#: Largest ``_CHECKPOINT_METADATA`` read.
+STEP_METADATA_LIMIT = 16 << 20
+
+
+def _first_reads() -> tuple[tuple[str, int], ...]:
+    """The small files restoring a directory reads first, one after another, each with the
+    end of the byte range it is read with (its size limit plus one)."""
+    from ocdbt_py.checkpoint.jsonio import MAX_JSON_BYTES
+    from ocdbt_py.version_read import MANIFEST_READ_LIMIT
+
+    return ((STEP_METADATA, STEP_METADATA_LIMIT + 1), ("_METADATA", MAX_JSON_BYTES + 1),
+            ("manifest.ocdbt", MANIFEST_READ_LIMIT), ("_strings.json", MAX_JSON_BYTES + 1))
+
+
+def read_ahead(kv: KvStore, prefix: str = "") -> bool:
+    """Start fetching the small files a restore of the directory at ``prefix`` reads first
+    (``_CHECKPOINT_METADATA``, ``_METADATA``, ``manifest.ocdbt``, ``_strings.json``) and
+    return at once.
+
+    On object stores (see :meth:`ObjectStore.read_ahead`) they then arrive in one round trip,
+    concurrently with the directory listing, instead of one round trip each after it; each
+    answers the next read of that file, with the same size limit.  Elsewhere this does
+    nothing (and returns ``False``).
+    """
+    from ocdbt_py.kvstore.object_store import read_ahead as start
+
+    return start(kv, [(prefix + name, (0, limit)) for name, limit in _first_reads()])
+
+
+def listing_of(kv: KvStore, prefix: str = "") -> Listing:
+    """:meth:`Listing.of`, with :func:`read_ahead` of the directory's first reads under way."""
+    read_ahead(kv, prefix)
+    return Listing.of(kv, prefix)
 
 
 def _is_pytree(kv: KvStore, lst: Listing, prefix: str) -> bool:
@@ -188,22 +223,24 @@ def _renames_atomically(kv: KvStore) -> bool:
     return bool(set(protos) & {"file", "local"})
 
 
-def list_steps(kv: KvStore, *, warn: bool = True) -> list[StepEntry]:
+def list_steps(kv: KvStore, *, warn: bool = True, listing: Listing | None = None) -> list[StepEntry]:
     """The finalized steps under a manager root, sorted by step number.
 
     Temporary directories (``*.orbax-checkpoint-tmp*``) are ignored.  A step without
     ``commit_success.txt`` is an unfinished save, and is skipped with an
     :class:`UncommittedStepWarning`, unless no step under the root has the marker at all (the
     checkpoints then predate commit markers and were finalized by an atomic rename).
+    ``listing`` is the root's listing if already known.  The markers are looked up
+    concurrently.
     """
-    lst = Listing.of(kv)
+    lst = listing or Listing.of(kv)
     candidates: list[tuple[int, str]] = []
     for d in lst.dirs:
         s = parse_step_name(d)
         if s is not None:
             candidates.append((s, d))
     candidates.sort()
-    marks = [_step_has_marker(kv, d) for _, d in candidates] if len(candidates) < 4096 else None
+    marks = _markers(kv, [d for _, d in candidates]) if len(candidates) < 4096 else None
     if marks is None:  # very many steps: one listing instead of one request per step
         have = {k.split("/", 1)[0] for k in kv.list() if k.endswith("/" + COMMIT_MARKER) and k.count("/") == 1}
         marks = [d in have for _, d in candidates]
@@ -229,9 +266,10 @@ def list_steps(kv: KvStore, *, warn: bool = True) -> list[StepEntry]:
     return out
 
 
-def select_step(kv: KvStore, step: int | None) -> StepEntry:
-    """The entry for ``step`` (the latest finalized step when ``None``)."""
-    steps = list_steps(kv)
+def select_step(kv: KvStore, step: int | None, *, listing: Listing | None = None) -> StepEntry:
+    """The entry for ``step`` (the latest finalized step when ``None``); ``listing`` is the
+    root's listing if already known."""
+    steps = list_steps(kv, listing=listing)
     if not steps:
         raise NotFoundError(f"{kv.url}: no finalized step directories")
     if step is None:
@@ -244,31 +282,60 @@ def select_step(kv: KvStore, step: int | None) -> StepEntry:
 
 def step_metadata(kv: KvStore, prefix: str = "") -> dict[str, Any] | None:
     """The parsed ``_CHECKPOINT_METADATA`` of a step (or item) directory, if any."""
-    doc = read_json(kv, prefix + STEP_METADATA, 16 << 20)
+    doc = read_json(kv, prefix + STEP_METADATA, STEP_METADATA_LIMIT)
     return doc if isinstance(doc, dict) else None
 
 
-def list_items(kv: KvStore, prefix: str = "") -> dict[str, Kind]:
+def list_items(kv: KvStore, prefix: str = "", *, listing: Listing | None = None,
+               listings: dict[str, Listing] | None = None,
+               metadata: dict[str, Any] | None = None) -> dict[str, Kind]:
     """The items of a step directory: ``{name: kind}`` in name order.
 
     Temporary item dirs and unrecognised directories are left out; so is the reserved
-    ``descriptor`` item.
+    ``descriptor`` item.  ``listing`` is the step directory's own listing if already known;
+    the item directories are listed concurrently (with :func:`read_ahead` of their first
+    reads), and ``listings``, if given, receives each item's listing by name.  ``metadata``
+    is the step's parsed ``_CHECKPOINT_METADATA`` if already read.
     """
-    lst = Listing.of(kv, prefix)
-    meta = step_metadata(kv, prefix) or {}
+    lst = listing or Listing.of(kv, prefix)
+    meta = metadata if metadata is not None else step_metadata(kv, prefix) or {}
     handlers = meta.get("item_handlers")
     names = [d for d in lst.dirs if TMP_SUFFIX not in d and d not in RESERVED_ITEMS]
+    found = _listings(kv, [f"{prefix}{name}/" for name in names])
     out: dict[str, Kind] = {}
-    for name in names:
+    for name, sub in zip(names, found):
         try:
-            kind = classify(kv, f"{prefix}{name}/")
+            kind = classify(kv, f"{prefix}{name}/", listing=sub)
         except NotFoundError:
             if isinstance(handlers, dict) and name in handlers:
                 warnings.warn(f"item {name!r} ({handlers[name]}) has no data this reader understands", stacklevel=2)
             continue
         if kind in (Kind.PYTREE, Kind.JSON, Kind.JSON_DIR):
             out[name] = kind
+            if listings is not None:
+                listings[name] = sub
     return out
+
+
+def _markers(kv: KvStore, names: list[str]) -> list[bool]:
+    """Whether each step directory has its commit marker (looked up concurrently)."""
+    if len(names) <= 1:
+        return [_step_has_marker(kv, d) for d in names]
+    from ocdbt_py.checkpoint.remoteread import io_pool
+
+    futs = [io_pool().submit(_step_has_marker, kv, d) for d in names]
+    return [f.result() for f in futs]
+
+
+def _listings(kv: KvStore, prefixes: list[str]) -> list[Listing]:
+    """:func:`listing_of` each directory, concurrently (one round trip for all on stores
+    reached over a network)."""
+    if len(prefixes) <= 1:
+        return [listing_of(kv, p) for p in prefixes]
+    from ocdbt_py.checkpoint.remoteread import io_pool
+
+    futs = [io_pool().submit(listing_of, kv, p) for p in prefixes]
+    return [f.result() for f in futs]
 
 
 def is_v1_checkpoint(kv: KvStore, prefix: str = "") -> bool:

@@ -62,6 +62,11 @@ _io_lock = threading.Lock()
 _io_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
+def io_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The shared pool of I/O threads (blocking reads of stores without ``read_into``)."""
+    return _io()
+
+
 def _io() -> concurrent.futures.ThreadPoolExecutor:
     global _io_pool
     with _io_lock:

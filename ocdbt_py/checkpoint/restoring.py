@@ -15,6 +15,7 @@ from ocdbt_py.checkpoint.layout import (
     is_v1_checkpoint,
     json_item_file,
     list_items,
+    listing_of,
     select_step,
     step_metadata,
     store_dir_name,
@@ -43,15 +44,26 @@ class Resolved:
         self.kind = kind
         self.listing = listing
         self.step = step
+        #: each item's listing, once :meth:`items` has listed them
+        self.item_listings: dict[str, Listing] = {}
+        self._meta: dict[str, Any] | None = None
+
+    def step_metadata(self) -> dict[str, Any]:
+        """The parsed ``_CHECKPOINT_METADATA`` of the directory (``{}`` if absent; read once)."""
+        if self._meta is None:
+            self._meta = step_metadata(self.kv) or {}
+        return self._meta
 
     def items(self) -> dict[str, Kind]:
         """The items of a step directory (``{}`` for an item directory)."""
-        return list_items(self.kv) if self.kind == Kind.STEP else {}
+        if self.kind != Kind.STEP:
+            return {}
+        return list_items(self.kv, listing=self.listing, listings=self.item_listings,
+                          metadata=self.step_metadata())
 
     def handlers(self) -> dict[str, str]:
         """The item handler names recorded in the step's ``_CHECKPOINT_METADATA``."""
-        meta = step_metadata(self.kv) or {}
-        h = meta.get("item_handlers")
+        h = self.step_metadata().get("item_handlers")
         return {k: v for k, v in h.items() if isinstance(v, str)} if isinstance(h, dict) else {}
 
     def single_item(self, items: dict[str, Kind]) -> str | None:
@@ -77,15 +89,16 @@ class Resolved:
 def resolve(path: PathLike, *, step: int | None = None, storage_options: dict[str, Any] | None = None) -> Resolved:
     """Open ``path`` and follow a manager root to ``step`` (default: the latest finalized)."""
     kv = open_kvstore(path, storage_options, read_only=True)
-    lst = Listing.of(kv)
+    # the first small files are fetched while the directory is listed (one round trip)
+    lst = listing_of(kv)
     kind = classify(kv, listing=lst)
     if kind != Kind.ROOT:
         if step is not None:
             raise ValueError(f"step={step} applies to a CheckpointManager root; {kv.url} is a {kind.value} directory")
         return Resolved(kv, kind, lst)
-    entry = select_step(kv, step)
+    entry = select_step(kv, step, listing=lst)
     skv = PrefixStore(kv, entry.name)
-    slst = Listing.of(skv)
+    slst = listing_of(skv)
     skind = classify(skv, listing=slst)
     return Resolved(skv, skind, slst, entry.step)
 
@@ -181,7 +194,8 @@ def restore(
         handlers = r.handlers()
         name = r.item_to_unwrap(items, item)
         if name is not None:
-            return _restore_item(PrefixStore(r.kv, name), items[name], target, lazy, handlers.get(name))
+            return _restore_item(PrefixStore(r.kv, name), items[name], target, lazy, handlers.get(name),
+                                 r.item_listings.get(name))
         if not items:
             raise CorruptionError(f"{r.kv.url} is a step directory without any readable item")
         if target is not None:
@@ -190,11 +204,13 @@ def restore(
                     f"for a step directory, target must be a dict keyed by item name ({sorted(items)})"
                 )
             return {
-                name: _restore_item(PrefixStore(r.kv, name), items[name], sub, lazy, handlers.get(name))
+                name: _restore_item(PrefixStore(r.kv, name), items[name], sub, lazy, handlers.get(name),
+                                    r.item_listings.get(name))
                 for name, sub in target.items()
             }
         return {
-            name: _restore_item(PrefixStore(r.kv, name), kind, None, lazy, handlers.get(name))
+            name: _restore_item(PrefixStore(r.kv, name), kind, None, lazy, handlers.get(name),
+                                r.item_listings.get(name))
             for name, kind in items.items()
         }
     if item is not None:

@@ -113,7 +113,9 @@ class ArrayStore:
 def _ocdbt(kv: KvStore) -> Any:
     from ocdbt_py.store import OcdbtStore
 
-    return OcdbtStore(kv)
+    db = OcdbtStore(kv)
+    db.read_ahead_root()  # on object stores: the root node is on its way while the caller goes on
+    return db
 
 
 def open_array_store(item_kv: KvStore, *, files: Sequence[str], dirs: Sequence[str],

@@ -28,6 +28,7 @@ import concurrent.futures
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
@@ -36,7 +37,7 @@ from ocdbt_py.errors import ConditionFailedError, InvalidKeyError, StorageError,
 from ocdbt_py.kvstore.base import ByteRange, check_range
 from ocdbt_py.kvstore.fsspec_store import FsspecStore
 
-__all__ = ["ObjectStore", "redact", "OUR_OPTIONS"]
+__all__ = ["ObjectStore", "redact", "OUR_OPTIONS", "read_ahead", "is_object_store"]
 
 T = TypeVar("T")
 
@@ -81,6 +82,37 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     return _URL_SECRET.sub(lambda m: f"{m.group(1)}<redacted>", text)
 
 
+def _base_of(kv: Any) -> tuple[Any, str]:
+    from ocdbt_py.kvstore.prefixed import PrefixStore
+
+    pre = ""
+    while type(kv) is PrefixStore:
+        pre = kv.prefix + pre
+        kv = kv.base
+    return kv, pre
+
+
+def is_object_store(kv: Any) -> bool:
+    """Whether ``kv`` is an :class:`ObjectStore` or a prefix view of one."""
+    return isinstance(_base_of(kv)[0], ObjectStore)
+
+
+def read_ahead(kv: Any, requests: Sequence[tuple[str, tuple[int, int]]]) -> bool:
+    """Start :meth:`ObjectStore.read_ahead` of ``requests`` (keys of ``kv``) where ``kv`` is
+    an object store or a prefix view of one; ``False`` (nothing done) for other stores, and
+    for keys or ranges the store refuses (the reads themselves then say what is wrong)."""
+    from ocdbt_py.errors import OcdbtError
+
+    kv, pre = _base_of(kv)
+    if not isinstance(kv, ObjectStore) or not requests:
+        return False
+    try:
+        kv.read_ahead([(pre + k, r) for k, r in requests])
+    except (ValueError, TypeError, OcdbtError):
+        return False
+    return True
+
+
 class ObjectStore(FsspecStore, abc.ABC):
     """Keys are objects below ``root`` (``bucket/prefix``) of an object-store filesystem.
 
@@ -115,6 +147,9 @@ class ObjectStore(FsspecStore, abc.ABC):
         self._probe_lock = threading.Lock()
         self._conditional_ok: bool | None = None if custom_endpoint else True
         self._emulate_lock = threading.Lock()
+        #: key -> (future of a read_ahead batch, index in it, byte range, deadline)
+        self._ahead: dict[str, tuple[concurrent.futures.Future[Any], int, tuple[int, int], float]] = {}
+        self._ahead_lock = threading.Lock()
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -181,6 +216,10 @@ class ObjectStore(FsspecStore, abc.ABC):
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
         self._locate(key)
         check_range(byte_range)
+        if self._ahead:
+            found, value = self._take_ahead(key, byte_range)
+            if found:
+                return value
         try:
             return self._run(self._read(key, byte_range))
         except Exception as e:
@@ -202,6 +241,74 @@ class ObjectStore(FsspecStore, abc.ABC):
             return list(await asyncio.gather(*(one(sem, k, r) for k, r in reqs)))
 
         return self._run(run_all())
+
+    # -- values read ahead of their use (checkpoint restore) ------------------------------------
+    #: a value read ahead answers one later :meth:`get` made within this many seconds
+    ahead_seconds = 30.0
+
+    def read_ahead(self, requests: Sequence[tuple[str, tuple[int, int]]]) -> concurrent.futures.Future[None]:
+        """Start reading bytes ``[start, stop)`` of each ``(key, (start, stop))``, all
+        concurrently, and return at once (the future says when all have arrived); each result
+        (absent objects included) answers the next :meth:`get` of its key whose range it
+        covers, once, within :attr:`ahead_seconds`.
+
+        A caller that knows which small values it is about to read one after another (the
+        metadata files of a checkpoint, the root node of its B+tree) fetches them in one round
+        trip this way, while it does other work.  A range read from offset 0 that comes back
+        shorter than asked holds the whole object, so it also answers reads of any range.
+        Failures are not reported here: the later :meth:`get` then makes its own request (and
+        reports its own error).  Writing or deleting a key drops what was read ahead for it."""
+        reqs = [(k, (int(r[0]), int(r[1]))) for k, r in requests]
+        for k, (start, stop) in reqs:
+            self._locate(k)
+            if start < 0 or stop <= start:
+                raise ValueError("read_ahead needs ranges 0 <= start < stop")
+
+        async def run_all() -> list[Any]:
+            return list(await asyncio.gather(*(self._read(k, r) for k, r in reqs), return_exceptions=True))
+
+        fut: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(run_all(), self.fs.loop)
+        now = time.monotonic()
+        with self._ahead_lock:
+            for k in [k for k, e in self._ahead.items() if e[3] < now]:
+                del self._ahead[k]
+            for i, (k, r) in enumerate(reqs):
+                self._ahead[k] = (fut, i, r, now + self.ahead_seconds)
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        fut.add_done_callback(lambda _f: done.set_result(None))
+        return done
+
+    def _take_ahead(self, key: str, byte_range: ByteRange | None) -> tuple[bool, bytes | None]:
+        """``(True, value)`` when a read ahead answers this read (and is used up by it)."""
+        with self._ahead_lock:
+            entry = self._ahead.pop(key, None)
+        if entry is None:
+            return False, None
+        fut, i, (lo, hi), deadline = entry
+        try:
+            got = fut.result()[i]
+        except BaseException:  # noqa: BLE001 - the read below reports its own error
+            return False, None
+        if isinstance(got, BaseException) or time.monotonic() > deadline:
+            return False, None
+        if got is None:
+            return True, None
+        if lo == 0 and len(got) < hi:  # the whole object
+            if byte_range is None:
+                return True, got
+            start, stop = byte_range
+            return True, (got[start:] if stop is None else got[start:stop])
+        if byte_range is None:
+            return False, None
+        start, stop = byte_range
+        if stop is None or start < lo or stop > hi:
+            return False, None
+        return True, got[start - lo: stop - lo]
+
+    def _drop_ahead(self, key: str) -> None:
+        if self._ahead:
+            with self._ahead_lock:
+                self._ahead.pop(key, None)
 
     # -- reading into caller buffers (checkpoint restore) -----------------------------------------
     def read_into(self, requests: Sequence[tuple[str, int, memoryview]]
@@ -245,11 +352,16 @@ class ObjectStore(FsspecStore, abc.ABC):
     def set(self, key: str, value: bytes | bytearray | memoryview) -> None:
         # object stores have no directories to create: one PUT
         path = self._path(key)
+        self._drop_ahead(key)
         self._check_writable()
         try:
             self.fs.pipe_file(path, bytes(value))
         except Exception as e:
             raise self._fail("writing", key, e) from e
+
+    def delete(self, key: str) -> None:
+        self._drop_ahead(key)
+        super().delete(key)
 
     # -- conditional writes --------------------------------------------------------------------
     @abc.abstractmethod
@@ -282,6 +394,7 @@ class ObjectStore(FsspecStore, abc.ABC):
 
     def set_if(self, key: str, value: bytes | bytearray | memoryview, *, if_generation: str | None) -> str:
         bucket, name = self._locate(key)
+        self._drop_ahead(key)
         self._check_writable()
         data = bytes(value)
         if not self._conditional_supported():
