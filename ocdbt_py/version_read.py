@@ -25,8 +25,11 @@ __all__ = [
 MANIFEST_KEY = "manifest.ocdbt"
 _NUMBERED = re.compile(r"^manifest\.([0-9a-f]{16})$")
 _MAX_MANIFEST_FILE = 256 << 20
-#: The byte range end a manifest file is read with (one byte past the limit).
-MANIFEST_READ_LIMIT = _MAX_MANIFEST_FILE + 1
+
+
+def manifest_read_limit() -> int:
+    """The byte range end a manifest file is read with (one byte past the size limit)."""
+    return _MAX_MANIFEST_FILE + 1
 
 
 def numbered_manifest_key(generation: int) -> str:
@@ -90,7 +93,7 @@ def read_manifest(kv: KvStore) -> tuple[Manifest, str]:
 
 def _get_manifest_file(kv: KvStore, key: str) -> bytes | None:
     """Read a manifest file, but never more than one byte past the size limit."""
-    return kv.get(key, (0, MANIFEST_READ_LIMIT))
+    return kv.get(key, (0, manifest_read_limit()))
 
 
 def _check_size(kv: KvStore, key: str, data: bytes) -> None:

@@ -82,10 +82,10 @@ def _first_reads() -> tuple[tuple[str, int], ...]:
     """The small files restoring a directory reads first, one after another, each with the
     end of the byte range it is read with (its size limit plus one)."""
     from ocdbt_py.checkpoint.jsonio import MAX_JSON_BYTES
-    from ocdbt_py.version_read import MANIFEST_READ_LIMIT
+    from ocdbt_py.version_read import manifest_read_limit
 
     return ((STEP_METADATA, STEP_METADATA_LIMIT + 1), ("_METADATA", MAX_JSON_BYTES + 1),
-            ("manifest.ocdbt", MANIFEST_READ_LIMIT), ("_strings.json", MAX_JSON_BYTES + 1))
+            ("manifest.ocdbt", manifest_read_limit()), ("_strings.json", MAX_JSON_BYTES + 1))
 
 
 def read_ahead(kv: KvStore, prefix: str = "") -> bool:
