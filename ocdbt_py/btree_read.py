@@ -7,7 +7,8 @@ and every node's height must be its parent's minus one.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain, islice
 
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.btree import BtreeNode, InteriorNode, LeafNode
@@ -146,21 +147,28 @@ def iterate(
 
 
 def iterate_keys(reader: NodeReader, root: Root, lo: bytes = b"", hi: bytes | None = None) -> Iterator[bytes]:
-    """Like :func:`iterate`, keys only: no leaf value is ever materialised."""
+    """Like :func:`iterate`, keys only: no leaf value is ever materialised.
+
+    Lazy like :func:`iterate` (nothing is read before the first key is asked for); the keys
+    of each leaf are handed out by C-level iterators rather than one Python step per key.
+    """
+    return chain.from_iterable(_leaf_key_runs(reader, root, lo, hi))
+
+
+def _leaf_key_runs(reader: NodeReader, root: Root, lo: bytes, hi: bytes | None) -> Iterator[Iterable[bytes]]:
+    """For each leaf in ``[lo, hi)`` in key order, an iterable of its full keys in range."""
     ref, height = root
     if ref is None:
         return
     top = reader.btree_node(ref, height)
     for leaf, prefix, rng in _walk(reader, top, b"", lo, hi, None):
         keys = leaf.keys
-        if prefix:
-            for i in rng:
-                yield prefix + keys[i]
-        elif isinstance(keys, list):
-            yield from keys[rng.start : rng.stop]
+        run: Iterable[bytes]
+        if isinstance(keys, list):
+            run = keys if rng.start == 0 and rng.stop == len(keys) else keys[rng.start : rng.stop]
         else:
-            for i in rng:
-                yield keys[i]
+            run = islice(keys, rng.start, rng.stop)
+        yield map(prefix.__add__, run) if prefix else run
 
 
 def _out_of_range(reader: NodeReader, ref: IndirectDataReference, what: str) -> CorruptionError:

@@ -10,7 +10,7 @@ import dataclasses
 import operator
 from collections.abc import Iterator, Sequence
 from itertools import islice
-from typing import NamedTuple, Union, overload
+from typing import TYPE_CHECKING, NamedTuple, Union, overload
 
 from ocdbt_py.format.data_file_table import (
     DataFileId,
@@ -21,6 +21,9 @@ from ocdbt_py.format.data_file_table import (
 )
 from ocdbt_py.format.envelope import BTREE_NODE_MAGIC, decode_envelope, encode_envelope
 from ocdbt_py.format.reader import Reader, put_varint
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "BtreeChild",
@@ -119,21 +122,32 @@ class PrefixedKeys(Sequence[bytes]):
         return f"PrefixedKeys(prefix={self.prefix[:16]!r}..., n={len(self.rest)})"
 
 
-class _LeafValues(Sequence[Union[bytes, IndirectDataReference]]):
-    """A decoded leaf's values, built on first access from the already validated columns."""
+def _as_list(column: list[int] | np.ndarray) -> list[int]:
+    return column if isinstance(column, list) else column.tolist()  # type: ignore[no-any-return]
 
-    __slots__ = ("_inline", "_lengths", "_kinds", "_files", "_fids", "_offsets", "_list")
+
+class _LeafValues(Sequence[Union[bytes, IndirectDataReference]]):
+    """A decoded leaf's values, built on first access from the already validated columns.
+
+    The inline values stay in the decoded node body (``inline`` is that body, they start at
+    ``start``) until then, so listing keys never copies them; the body is released once the
+    values are built.
+    """
+
+    __slots__ = ("_inline", "_start", "_lengths", "_kinds", "_files", "_fids", "_offsets", "_list")
 
     def __init__(
         self,
-        inline: bytes,
-        lengths: list[int],
+        inline: bytes | memoryview,
+        start: int,
+        lengths: list[int] | np.ndarray,
         kinds: bytes,
         files: list[DataFileId],
-        fids: list[int],
-        offsets: list[int],
+        fids: list[int] | np.ndarray,
+        offsets: list[int] | np.ndarray,
     ):
-        self._inline = inline
+        self._inline: bytes | memoryview | None = inline
+        self._start = start
         self._lengths = lengths
         self._kinds = kinds
         self._files = files
@@ -142,22 +156,28 @@ class _LeafValues(Sequence[Union[bytes, IndirectDataReference]]):
         self._list: list[bytes | IndirectDataReference] | None = None
 
     def _values(self) -> list[bytes | IndirectDataReference]:
+        # read the body before the list: another thread sets the list before it drops the body
+        data = self._inline
         out = self._list
         if out is None:
+            assert data is not None
             out = []
             append = out.append
-            data = self._inline
-            files, fids, offsets = self._files, self._fids, self._offsets
-            pos = 0
+            files = self._files
+            # NumPy columns (from large nodes) become lists of Python ints here
+            fids = _as_list(self._fids)
+            offsets = _as_list(self._offsets)
+            pos = self._start
             j = 0
-            for ln, kind in zip(self._lengths, self._kinds):
+            for ln, kind in zip(_as_list(self._lengths), self._kinds):
                 if kind:
                     append(IndirectDataReference(files[fids[j]], offsets[j], ln))
                     j += 1
                 else:
-                    append(data[pos : pos + ln])
+                    append(bytes(data[pos : pos + ln]))
                     pos += ln
             self._list = out
+            self._inline = None
         return out
 
     def __len__(self) -> int:
@@ -191,6 +211,21 @@ class _LeafValues(Sequence[Union[bytes, IndirectDataReference]]):
 #: Keys are materialised as a plain list unless that would repeat more than this many bytes
 #: (or four times the node's size budget, if larger) of the node-wide common prefix.
 _SHARED_PREFIX_BYTES = 1 << 20
+#: Nodes with at least this many entries decode their key and value columns with NumPy
+#: (below it the fixed cost of the NumPy calls exceeds the per-key loop's).
+_VECTOR_ENTRIES = 384
+#: The NumPy key builder lays the keys out as an ``entries x longest key`` byte matrix; it
+#: runs only while that matrix holds at most this many times the keys' own bytes (plus
+#: ``_MATRIX_PER_KEY`` bytes a key, about what a Python bytes object costs anyway).
+_MATRIX_SLACK = 3
+_MATRIX_PER_KEY = 64
+#: ... and while the columns keys share with their predecessors beyond the node-wide prefix
+#: number at most one per this many keys, plus a few.
+_KEYS_PER_FILL_COLUMN = 100
+_FREE_FILL_COLUMNS = 8
+#: Rows of the key matrix are laid out in blocks of about this many bytes (temporaries this
+#: small are recycled by the allocator instead of being mapped, and faulted in, each time).
+_BLOCK_BYTES = 64 << 10
 
 
 def _read_keys(r: Reader, n: int, interior: bool, max_key_bytes: int) -> tuple[Sequence[bytes], list[int]]:
@@ -199,7 +234,22 @@ def _read_keys(r: Reader, n: int, interior: bool, max_key_bytes: int) -> tuple[S
     As in TensorStore, the bytes held for the keys are bounded without repeating the common
     prefix of all keys: ``common + sum(len(key) - common)`` must not exceed ``max_key_bytes``
     (a node's decoded size bound), so a crafted node cannot expand into gigabytes of keys.
+
+    Large nodes are decoded with NumPy (:func:`_read_keys_numpy`); small ones, and nodes whose
+    keys would make its byte matrix too sparse, key by key (:func:`_read_keys_loop`).  Both
+    accept exactly the same input and raise the same first error.
     """
+    if n >= _VECTOR_ENTRIES:
+        start = r.pos
+        out = _read_keys_numpy(r, n, interior, max_key_bytes)
+        if out is not None:
+            return out
+        r.pos = start
+    return _read_keys_loop(r, n, interior, max_key_bytes)
+
+
+def _read_keys_loop(r: Reader, n: int, interior: bool, max_key_bytes: int) -> tuple[Sequence[bytes], list[int]]:
+    """:func:`_read_keys`, one key at a time (each key is the previous one's prefix plus its suffix)."""
     prefix = r.varint_column(n - 1, MAX_KEY_LENGTH, "key prefix length")
     ppos = r.pos
     suffix = r.varint_column(n, MAX_KEY_LENGTH, "key suffix length")
@@ -258,10 +308,246 @@ def _read_keys(r: Reader, n: int, interior: bool, max_key_bytes: int) -> tuple[S
     return keys, scp
 
 
+def _read_keys_numpy(
+    r: Reader, n: int, interior: bool, max_key_bytes: int
+) -> tuple[Sequence[bytes], list[int]] | None:
+    """:func:`_read_keys` for ``n >= 2`` keys at once with NumPy; ``None`` to use the loop.
+
+    The keys (less ``drop`` bytes of the common prefix, as in the loop) are laid out as the
+    rows of an ``n x width`` zero-padded byte matrix.  Row ``i`` is gathered from a window of
+    the key bytes that puts key ``i``'s own (suffix) bytes in place, then zeroed past its
+    length; the bytes a key shares with its predecessor are filled in column by column (a
+    column is piecewise constant between the rows that store it themselves).  The rows
+    become ``bytes`` through a fixed-width ``S`` view, which drops trailing NUL padding: the
+    keys that really end in ``0x00`` are rebuilt exactly.  Lengths and prefix lengths are
+    validated on whole columns before anything is built; the order is checked from each
+    key's first own byte against its predecessor's byte in that column (ties and keys without
+    own bytes are compared exactly).  The matrix is used only while it is at most
+    ``_MATRIX_SLACK`` times the keys' bytes (plus ``_MATRIX_PER_KEY`` a key) and the shared
+    columns are few; otherwise ``None`` hands the node to the loop.
+    """
+    import numpy as np
+
+    prefix = r.varint_array(n - 1, MAX_KEY_LENGTH, "key prefix length")
+    ppos = r.pos
+    suffix = r.varint_array(n, MAX_KEY_LENGTH, "key suffix length")
+    scp = r.varint_array(n, MAX_KEY_LENGTH, "subtree common prefix length") if interior else None
+    total = int(suffix.sum())
+    kpos = r.pos
+    if total > r.remaining():
+        r.take(total, "key bytes")  # raises: truncated
+    # the key bytes are read in place (copied once, into the key matrix)
+    key_bytes = np.frombuffer(r.data, dtype=np.uint8, count=total, offset=kpos)
+    r.pos = kpos + total
+    common = min(int(suffix[0]), int(prefix.min()))
+    if scp is not None:
+        common = min(common, int(scp.min()))
+    held = int(prefix.sum()) + total - common * (n - 1)
+    if held > max_key_bytes:
+        raise r.error(f"keys expand to {held} bytes, more than {max_key_bytes}", ppos)
+    compact = common * n > max(_SHARED_PREFIX_BYTES, 4 * max_key_bytes)
+    drop = common if compact else 0
+    # absolute key lengths, valid once every prefix is within its predecessor
+    lens = suffix.copy()
+    lens[1:] += prefix
+    bad = prefix > lens[:-1]
+    if bad.any():
+        i = int(np.argmax(bad)) + 1
+        raise r.error(
+            f"key {i}: prefix length {int(prefix[i - 1])} exceeds the previous key's length {int(lens[i - 1])}",
+            ppos,
+        )
+    if int(lens.max()) > MAX_KEY_LENGTH:
+        i = int(np.argmax(lens > MAX_KEY_LENGTH))
+        raise r.error(f"key {i}: length {int(lens[i])} exceeds {MAX_KEY_LENGTH}", ppos)
+    rel = lens - drop  # lengths of the built keys (drop <= common <= every length)
+    width = int(rel.max())
+    if width == 0 or n * width > _MATRIX_SLACK * int(rel.sum()) + _MATRIX_PER_KEY * n:
+        return None
+    head = common - drop  # columns every key shares with key 0
+    # relative column where each key's own bytes start (key 0 stores all of its bytes)
+    own = np.empty(n, dtype=np.int64)
+    own[0] = 0
+    np.subtract(prefix, drop, out=own[1:])
+    # each column some key shares with its predecessor (beyond the node-wide prefix) costs
+    # one NumPy pass over the rows; past about one such column per 100 keys the loop wins
+    if int(own.max()) - head > n // _KEYS_PER_FILL_COLUMN + _FREE_FILL_COLUMNS:
+        return None
+    # Every key's own bytes, in blob order: key i's `count[i]` bytes start at `begin[i]` in
+    # `own_bytes` and belong in row i from column own[i] on.  Row i is first filled with the
+    # `width` bytes of the node body that put them there (a gather of fixed-size windows of
+    # the body, in place), then zeroed from column rel[i] on; columns left of own[i] are
+    # overwritten below.  Rows whose window would leave the body are filled one by one.
+    count = rel - own
+    end = np.cumsum(count)
+    begin = end - count
+    own_bytes = key_bytes[drop:]
+    body = np.frombuffer(r.data, dtype=np.uint8, count=r.end)
+    start = begin - own
+    start += kpos + drop
+    outside = (start < 0) | (start > body.size - width)
+    stray = np.flatnonzero(outside).tolist() if outside.any() else []
+    if stray:
+        np.clip(start, 0, body.size - width, out=start)
+    windows = np.lib.stride_tricks.sliding_window_view(body, width)
+    m = np.empty((n, width), dtype=np.uint8)
+    # in blocks of rows, so that no temporary is larger than _BLOCK_BYTES
+    block = max(1, _BLOCK_BYTES // width)
+    keep = np.zeros(2 * block, dtype=np.uint8)
+    keep[::2] = 1
+    runs = np.empty((block, 2), dtype=np.int64)
+    for a in range(0, n, block):
+        b = min(a + block, n)
+        rows = m[a:b]
+        rows[...] = windows[start[a:b]]
+        runs[: b - a, 0] = rel[a:b]
+        np.subtract(width, rel[a:b], out=runs[: b - a, 1])
+        rows *= np.repeat(keep[: 2 * (b - a)], runs[: b - a].ravel()).reshape(b - a, width)
+    for i in stray:
+        row = m[i]
+        row[own[i] : rel[i]] = own_bytes[begin[i] : end[i]]
+        row[rel[i] :] = 0
+    del windows, start, keep, runs
+    flat = m.ravel()
+    if head:
+        m[:, :head] = key_bytes[drop:common]
+    # Column j of a key with own > j is its predecessor's column j, so each column is
+    # piecewise constant between the rows that store it themselves (own <= j; row 0 always
+    # does).  Per column, whichever is smaller is expanded: the runs starting at those rows,
+    # or the rows that copy (each run of copying rows takes the row just before the run).
+    for j in range(head, int(own.max())):
+        col = m[:, j]
+        copy = own > j
+        ncopy = int(np.count_nonzero(copy))
+        if 2 * ncopy >= n:
+            starts = np.flatnonzero(~copy)
+            col[:] = np.repeat(col[starts], np.diff(starts, append=n))
+        elif ncopy:
+            copying = np.flatnonzero(copy)
+            first = np.empty(ncopy, dtype=bool)
+            first[0] = True
+            np.not_equal(copying[1:], copying[:-1] + 1, out=first[1:])
+            src = np.where(first, copying - 1, 0)
+            np.maximum.accumulate(src, out=src)
+            col[copying] = col[src]
+    keys: list[bytes] = m.view(f"S{width}").ravel().tolist()
+    # the S view dropped trailing NULs: rebuild the keys that really end in 0x00 (a key's
+    # last byte is its own last byte, or, without own bytes, its predecessor's byte there)
+    has_own = count > 0
+    last = np.where(has_own, own_bytes[np.maximum(end - 1, 0)], 1)
+    if not has_own.all():
+        no_own = np.flatnonzero(~has_own & (rel > 0))
+        last[no_own] = flat[no_own * width + rel[no_own] - 1]
+    if not last.all():
+        for i in np.flatnonzero(last == 0).tolist():
+            keys[i] = m[i, : rel[i]].tobytes()
+    # Key i (i >= 1) equals key i-1 in its first own[i] bytes, so it is greater iff it has
+    # own bytes and key i-1 ends there or key i's first own byte is the greater.  Pairs that
+    # tie on that byte (legal only for a prefix length shorter than the two keys' common
+    # prefix) are compared exactly.
+    nxt = own[1:]
+    lead = own_bytes[np.minimum(begin[1:], own_bytes.size - 1)] if own_bytes.size else np.zeros(n - 1, np.uint8)
+    before = flat[np.minimum(np.arange(0, (n - 1) * width, width, dtype=np.int64) + nxt, flat.size - 1)]
+    greater = has_own[1:] & ((nxt == rel[:-1]) | (lead > before))
+    if not greater.all():
+        for i in np.flatnonzero(~greater).tolist():
+            if keys[i + 1] <= keys[i]:
+                raise r.error(f"keys not strictly increasing at entry {i + 1}", kpos)
+    scp_list: list[int] = []
+    if scp is not None:
+        bad = scp > lens
+        if bad.any():
+            raise r.error(f"entry {int(np.argmax(bad))}: subtree common prefix length exceeds its key length", ppos)
+        scp_list = scp.tolist()
+    if compact:
+        return PrefixedKeys(key_bytes[:common].tobytes(), keys), scp_list
+    return keys, scp_list
+
+
 def _file(r: Reader, files: list[DataFileId], idx: int, pos: int) -> DataFileId:
     if idx >= len(files):
         raise r.error(f"data file index {idx} out of range ({len(files)} files)", pos)
     return files[idx]
+
+
+def _read_leaf_values(r: Reader, n: int, files: list[DataFileId], body: bytes | memoryview) -> _LeafValues:
+    """Read and validate a leaf's value columns; the value objects are built on first use.
+
+    Nodes of at least ``_VECTOR_ENTRIES`` entries are checked with NumPy over whole columns
+    (same checks, same first error as the list path).
+    """
+    vector = n >= _VECTOR_ENTRIES
+    lengths: list[int] | np.ndarray
+    if vector:
+        import numpy as np
+
+        lengths = r.varint_array(n, _LIMIT63, "value length")
+    else:
+        lengths = r.varint_column(n, _LIMIT63, "value length")
+    kpos = r.pos
+    kinds = r.take(n, "value kinds")
+    if vector:
+        kind_column = np.frombuffer(kinds, dtype=np.uint8)
+        bad_kind = int(kind_column.max()) > 1
+        m = int(np.count_nonzero(kind_column))
+    else:
+        m = kinds.count(1)
+        bad_kind = m + kinds.count(0) != n
+    if bad_kind:
+        raise r.error("unknown value kind", kpos + next(i for i, k in enumerate(kinds) if k > 1))
+    fpos = r.pos
+    if m and not files:
+        raise r.error("out-of-line value but the data file table is empty", fpos)
+    fids: list[int] | np.ndarray = []
+    offsets: list[int] | np.ndarray = []
+    vpos: int
+    inline_total: int
+    if vector:
+        assert isinstance(lengths, np.ndarray)
+        if m:
+            fids = r.varint_array(m, len(files) - 1, "data file index")
+            offsets = r.varint_array(m, _LIMIT63, "value offset")
+        vpos = r.pos
+        is_inline = kind_column == 0
+        inline_lengths = np.where(is_inline, lengths, 0) if m else lengths
+        # the maximum is checked first, so the sum below cannot overflow
+        top = int(inline_lengths.max())
+        if top > MAX_INLINE_VALUE_READ:
+            raise r.error(f"inline value of {top} bytes exceeds {MAX_INLINE_VALUE_READ}", vpos)
+        inline_total = int(inline_lengths.sum())
+        if vpos + inline_total > r.end:
+            raise r.error("truncated inline values", vpos)
+        # offset + length > 2**63 - 1 for some reference?  The largest of each bounds it.
+        if m and int(np.max(offsets)) + int(lengths.max()) > _LIMIT63:
+            out_lengths = lengths if m == n else lengths[~is_inline]
+            # (both are at most 2**63 - 1, so the subtraction cannot overflow)
+            if (np.asarray(offsets) > _LIMIT63 - out_lengths).any():
+                raise r.error("value reference overflows", fpos)
+    else:
+        assert isinstance(lengths, list)
+        if m:
+            fids = r.varint_column(m, len(files) - 1, "data file index")
+            offsets = r.varint_column(m, _LIMIT63, "value offset")
+        vpos = r.pos
+        # Validate every value now; build the value objects only when first asked for
+        # (listing keys never needs them).
+        if m == 0:
+            inline_list: list[int] = lengths
+        elif m == n:
+            inline_list = []
+        else:
+            inline_list = [ln for ln, k in zip(lengths, kinds) if not k]
+        if inline_list and max(inline_list) > MAX_INLINE_VALUE_READ:
+            raise r.error(f"inline value of {max(inline_list)} bytes exceeds {MAX_INLINE_VALUE_READ}", vpos)
+        inline_total = sum(inline_list)
+        if vpos + inline_total > r.end:
+            raise r.error("truncated inline values", vpos)
+        if m:
+            out_list = lengths if m == n else [ln for ln, k in zip(lengths, kinds) if k]
+            if any(o + ln > _LIMIT63 for o, ln in zip(offsets, out_list)):
+                raise r.error("value reference overflows", fpos)
+    r.pos = vpos + inline_total
+    return _LeafValues(body, vpos, lengths, kinds, files, fids, offsets)
 
 
 def decode_btree_node(
@@ -293,37 +579,7 @@ def decode_btree_node(
     keys, scp = _read_keys(r, n, height > 0, max_body)
     node: BtreeNode
     if height == 0:
-        lengths = r.varint_column(n, _LIMIT63, "value length")
-        kpos = r.pos
-        kinds = r.take(n, "value kinds")
-        if max(kinds) > 1:
-            raise r.error("unknown value kind", kpos + next(i for i, k in enumerate(kinds) if k > 1))
-        m = kinds.count(1)
-        fpos = r.pos
-        if m and not files:
-            raise r.error("out-of-line value but the data file table is empty", fpos)
-        fids = r.varint_column(m, len(files) - 1, "data file index") if m else []
-        offsets = r.varint_column(m, _LIMIT63, "value offset") if m else []
-        vpos = r.pos
-        # Validate every value now; build the value objects only when first asked for
-        # (listing keys never needs them).
-        if m == 0:
-            inline_lengths: Sequence[int] = lengths
-        elif m == n:
-            inline_lengths = []
-        else:
-            inline_lengths = [ln for ln, k in zip(lengths, kinds) if not k]
-        if inline_lengths and max(inline_lengths) > MAX_INLINE_VALUE_READ:
-            raise r.error(f"inline value of {max(inline_lengths)} bytes exceeds {MAX_INLINE_VALUE_READ}", vpos)
-        inline_total = sum(inline_lengths)
-        if vpos + inline_total > r.end:
-            raise r.error("truncated inline values", vpos)
-        if m:
-            out_lengths = lengths if m == n else [ln for ln, k in zip(lengths, kinds) if k]
-            if any(o + ln > _LIMIT63 for o, ln in zip(offsets, out_lengths)):
-                raise r.error("value reference overflows", fpos)
-        r.pos = vpos + inline_total
-        values = _LeafValues(bytes(body[vpos : vpos + inline_total]), lengths, kinds, files, fids, offsets)
+        values = _read_leaf_values(r, n, files, body)
         node = LeafNode(keys, values)
     else:
         fpos = r.pos

@@ -7,8 +7,12 @@ out-of-range values become :class:`~ocdbt_py.errors.CorruptionError` naming the 
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 from ocdbt_py.errors import CorruptionError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["Reader", "put_varint", "varint_size"]
 
@@ -129,36 +133,72 @@ class Reader:
         if n >= _VECTOR_MIN:
             values = self._varint_column_numpy(n, max_value)
             if values is not None:
-                return values
+                return values.tolist()  # type: ignore[no-any-return]
         # slow path: also produces the precise error for malformed input
         return [self.varint(max_value, what) for _ in range(n)]
 
-    def _varint_column_numpy(self, n: int, max_value: int) -> list[int] | None:
-        """Decode ``n`` well-formed varints of at most 9 bytes at once; ``None`` to fall back."""
+    def varint_array(self, n: int, max_value: int = (1 << 63) - 1, what: str = "varint") -> np.ndarray:
+        """Like :meth:`varint_column`, as an ``int64`` NumPy array (``max_value < 2**63``)."""
+        import numpy as np
+
+        if not 0 <= max_value < 1 << 63:
+            raise ValueError("varint_array needs max_value < 2**63")
+        pos = self.pos
+        if n <= self.end - pos:
+            chunk = np.frombuffer(self.data, dtype=np.uint8, count=n, offset=pos)
+            top = int(chunk.max()) if n else 0
+            if top < 0x80 and top <= max_value:
+                self.pos = pos + n
+                return chunk.astype(np.int64)
+        if n >= _VECTOR_MIN:
+            values = self._varint_column_numpy(n, max_value)
+            if values is not None:
+                return values.astype(np.int64)
+        # slow path: also produces the precise error for malformed input
+        return np.array([self.varint(max_value, what) for _ in range(n)], dtype=np.int64)
+
+    def _varint_column_numpy(self, n: int, max_value: int) -> np.ndarray | None:
+        """Decode ``n`` well-formed varints of at most 9 bytes at once (``uint64``); ``None`` to fall back."""
         import numpy as np
 
         pos = self.pos
-        span = min(self.end - pos, 10 * n)
-        arr = np.frombuffer(self.data, dtype=np.uint8, count=span, offset=pos)
+        avail = self.end - pos
+        # varints are mostly short: look for the n terminating bytes in 3 bytes a value first
+        short = min(avail, 3 * n)
+        arr = np.frombuffer(self.data, dtype=np.uint8, count=short, offset=pos)
         ends = np.flatnonzero(arr < 0x80)
+        if len(ends) < n and short < min(avail, 10 * n):
+            arr = np.frombuffer(self.data, dtype=np.uint8, count=min(avail, 10 * n), offset=pos)
+            ends = np.flatnonzero(arr < 0x80)
         if len(ends) < n:
             return None
         ends = ends[:n]
         starts = np.empty(n, dtype=np.int64)
         starts[0] = 0
         starts[1:] = ends[:-1] + 1
-        lengths = ends - starts + 1
-        if int(lengths.max()) > 9:
+        lengths = ends - starts
+        longest = int(lengths.max()) + 1
+        if longest > 9:
             return None
         total = int(ends[-1]) + 1
-        group_start = np.repeat(starts, lengths)
-        shift = (np.arange(total, dtype=np.int64) - group_start) * 7
-        contrib = (arr[:total] & 0x7F).astype(np.uint64) << shift.astype(np.uint64)
-        values = np.add.reduceat(contrib, starts)
+        # byte k of every varint longer than k, OR-ed in at bit 7k (at most 63 bits in all)
+        values = (arr[starts] & 0x7F).astype(np.uint64)
+        for k in range(1, longest):
+            longer = lengths >= k
+            if 4 * int(np.count_nonzero(longer)) >= n:
+                # most varints are this long: read byte k of all of them (clipped to the
+                # column), keeping it only where the varint has one
+                part = arr[np.minimum(starts + k, total - 1)] & 0x7F
+                part *= longer
+                values |= part.astype(np.uint64) << np.uint64(7 * k)
+            else:
+                rows = np.flatnonzero(longer)
+                part = arr[starts[rows] + k] & 0x7F
+                values[rows] |= part.astype(np.uint64) << np.uint64(7 * k)
         if int(values.max()) > max_value:
             return None
         self.pos = pos + total
-        return values.tolist()  # type: ignore[no-any-return]
+        return values
 
     def expect_end(self, what: str) -> None:
         """Raise unless every byte has been consumed."""
