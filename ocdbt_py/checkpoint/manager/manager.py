@@ -28,6 +28,7 @@ from typing import Any
 
 from ocdbt_py.checkpoint.layout import COMMIT_MARKER
 from ocdbt_py.checkpoint.manager import save_policy as sp
+from ocdbt_py.checkpoint.manager.lifecycle import Lifecycle
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.preemption import PreemptionWatcher
 from ocdbt_py.checkpoint.manager.preservation import AnyOf as AnyOfKeep
@@ -81,7 +82,7 @@ def _process() -> tuple[int, int, Any]:
     return int(jax.process_index()), count, _jax_client()
 
 
-class CheckpointManager:
+class CheckpointManager(Lifecycle):
     """Saves, lists, restores and prunes the steps of a checkpoint root.
 
     >>> mgr = CheckpointManager("/ckpts", save_policy=FixedInterval(100),
@@ -329,27 +330,6 @@ class CheckpointManager:
         if self._steps.name(step) is None:
             raise NotFoundError(f"{self.root}: no committed step {step} (have {self.all_steps()})")
         self._steps.forget(step)
-
-    def close(self) -> None:
-        """Wait for pending saves, then release the manager (idempotent)."""
-        if self._closed:
-            return
-        try:
-            self.wait_until_finished()
-        finally:
-            self._closed = True
-            if self._preemption is not None:
-                self._preemption.close()
-
-    def __enter__(self) -> CheckpointManager:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError("the CheckpointManager is closed")
 
     # ---- restoring ------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from typing import Any
 
 from ocdbt_py.checkpoint.manager import save_policy as sp
 from ocdbt_py.checkpoint.manager.exchange import CoordinationTimeoutError, Exchange
+from ocdbt_py.checkpoint.manager.lifecycle import Lifecycle
 from ocdbt_py.checkpoint.manager.mesh_metadata import (
     PROCESS_METADATA,
     ReplicaLayout,
@@ -102,7 +103,7 @@ class RestoreInfo:
 
 
 
-class MultiTierCheckpointManager:
+class MultiTierCheckpointManager(Lifecycle):
     """Frequent process-local checkpoints plus rarer persistent ones, restored from the
     fastest tier that has the newest step (see the module documentation).
 
@@ -596,27 +597,6 @@ class MultiTierCheckpointManager:
             self._local.check_for_errors()
         finally:
             self._persistent.check_for_errors()
-
-    def close(self) -> None:
-        """Wait for pending saves, then release the manager (idempotent)."""
-        if self._closed:
-            return
-        try:
-            self.wait_until_finished()
-        finally:
-            self._closed = True
-            if self._preemption is not None:
-                self._preemption.close()
-
-    def __enter__(self) -> MultiTierCheckpointManager:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError("the MultiTierCheckpointManager is closed")
 
     def __repr__(self) -> str:
         return (f"<MultiTierCheckpointManager local={self.local_directory} persistent={self.persistent_directory} "
