@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ocdbt_py.checkpoint.locations import scan_locations
 from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.keys import validate_key
@@ -111,26 +112,18 @@ class LocalSource:
     def for_ocdbt(cls, databases: Sequence[tuple[str, Any]]) -> LocalSource:
         """``databases``: ``(local root directory, OcdbtStore)`` pairs, searched in order."""
         table: dict[str, Located] = {}
-        files: dict[bytes, str] = {}
         for root, db in databases:
-            for e in db.entries():
-                k = e.key.decode("utf-8", "surrogateescape")
+            paths: dict[str, str] = {}
+            for k, fkey, offset, length, inline in scan_locations(db, root):
                 if k in table:
                     continue
-                if e.location is None:
-                    table[k] = Located(None, 0, e.size, e.inline if e.inline is not None else b"")
+                if fkey is None:
+                    table[k] = Located(None, 0, length, inline)
                     continue
-                ref = e.location
-                fk = ref.file.path
-                path = files.get(fk)
+                path = paths.get(fkey)
                 if path is None:
-                    try:
-                        key = fk.decode("utf-8")
-                        validate_key(key)
-                    except (UnicodeDecodeError, ValueError) as err:
-                        raise CorruptionError(f"unsafe data file path {fk!r}: {err}", path=root) from err
-                    path = files[fk] = os.path.join(root, *key.split("/"))
-                table[k] = Located(path, ref.offset, ref.length)
+                    path = paths[fkey] = os.path.join(root, *fkey.split("/"))
+                table[k] = Located(path, offset, length)
         return cls(lambda keys: [table.get(k) for k in keys], table)
 
     @classmethod

@@ -468,12 +468,8 @@ class ArrayReader:
             if release is not None:
                 return [_then(_decode_job(m, data, region, local), release)]
             if data is None:
-                if not self.fill_missing:
-                    raise CorruptionError(f"array {p!r}: chunk {key!r} is missing (the checkpoint stores every "
-                                          f"chunk, so a missing one means it is damaged or incomplete)",
-                                          path=self.kv.url)
-                fv = m.fill_value
-                return [lambda: region.__setitem__(Ellipsis, 0 if fv is None else fv)]
+                fv = self._missing_chunk(p, key, m)
+                return [lambda: region.__setitem__(Ellipsis, fv)]
             return [_decode_job(m, data, region, local)]
 
         if fast is None:
@@ -488,6 +484,15 @@ class ArrayReader:
                      max_pending=max(1, min(2 * workers, IN_FLIGHT_BYTES // (2 * biggest))))
         return results
 
+    def _missing_chunk(self, param: str, key: str, meta: Any) -> Any:
+        """The value an absent chunk reads as (its fill value) where absent chunks are allowed;
+        otherwise the checkpoint is damaged: :class:`CorruptionError`."""
+        if not self.fill_missing:
+            raise CorruptionError(f"array {param!r}: chunk {key!r} is missing (the checkpoint stores every "
+                                  f"chunk, so a missing one means it is damaged or incomplete)", path=self.kv.url)
+        fv = meta.fill_value
+        return 0 if fv is None else fv
+
     def _fetch_remote(self, units: Sequence[tuple[str, str, Any, np.ndarray, tuple[slice, ...],
                                                   tuple[slice, ...] | None]]) -> None:
         """Fetch and decode ``units`` through :class:`RemoteSource` (see :mod:`.remoteread`)."""
@@ -497,12 +502,7 @@ class ArrayReader:
             key, p, m, out, sl, local = units[i]
             region = out[sl + (Ellipsis,)]
             if data is None:
-                if not self.fill_missing:
-                    raise CorruptionError(f"array {p!r}: chunk {key!r} is missing (the checkpoint stores every "
-                                          f"chunk, so a missing one means it is damaged or incomplete)",
-                                          path=self.kv.url)
-                fv = m.fill_value
-                region[...] = 0 if fv is None else fv
+                region[...] = self._missing_chunk(p, key, m)
                 return
             try:
                 _decode_job(m, data, region, local)()

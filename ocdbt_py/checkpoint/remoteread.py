@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from ocdbt_py.checkpoint.locations import scan_locations
 from ocdbt_py.checkpoint.pages import small_pages
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import KvStore
-from ocdbt_py.kvstore.keys import validate_key
 from ocdbt_py.kvstore.prefixed import PrefixStore
 
 __all__ = ["RemoteLoc", "RemoteSource", "IN_FLIGHT_BYTES", "MAX_SPAN", "GAP", "fetch_budget"]
@@ -185,25 +185,9 @@ class RemoteSource:
         stores: list[KvStore] = []
         for si, db in enumerate(databases):
             stores.append(db.kvstore)
-            files: dict[bytes, str] = {}
-            for e in db.entries():
-                k = e.key.decode("utf-8", "surrogateescape")
-                if k in table:
-                    continue
-                if e.location is None:
-                    table[k] = RemoteLoc(si, None, 0, e.size, e.inline if e.inline is not None else b"")
-                    continue
-                ref = e.location
-                fk = ref.file.path
-                path = files.get(fk)
-                if path is None:
-                    try:
-                        path = fk.decode("utf-8")
-                        validate_key(path)
-                    except (UnicodeDecodeError, ValueError) as err:
-                        raise CorruptionError(f"unsafe data file path {fk!r}: {err}", path=db.kvstore.url) from err
-                    files[fk] = path
-                table[k] = RemoteLoc(si, path, ref.offset, ref.length)
+            for k, fkey, offset, length, inline in scan_locations(db, db.kvstore.url):
+                if k not in table:
+                    table[k] = RemoteLoc(si, fkey, offset, length, inline)
         return cls(kv, stores, table)
 
     # -- planning ----------------------------------------------------------------------------
