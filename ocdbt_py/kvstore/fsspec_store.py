@@ -172,7 +172,7 @@ class FsspecStore(KvStore):
         top = prefix[: slash + 1] if slash >= 0 else ""
         base = f"{self.root}/{top}".rstrip("/") if (self.root or top) else ""
         try:
-            found = self._http_find(base + "/") if self._http else self.fs.find(base, withdirs=False)
+            found = self._find(base)
         except FileNotFoundError:
             found = []
         except Exception as e:
@@ -195,6 +195,12 @@ class FsspecStore(KvStore):
         keys.sort()
         for kb in keys:
             yield kb.decode()
+
+    def _find(self, base: str) -> builtins.list[str]:
+        """Every file path below directory path ``base`` (recursively), as ``fs.find`` gives."""
+        if self._http:
+            return self._http_find(base + "/")
+        return list(self.fs.find(base, withdirs=False))
 
     def _http_find(self, top: str) -> builtins.list[str]:
         """Recursive listing from HTML directory indexes (directories end with ``/``)."""

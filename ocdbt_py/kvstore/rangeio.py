@@ -101,32 +101,67 @@ class HttpRangeReader:
             conns[key] = c
         return c
 
-    def read_into(self, url: str, start: int, buf: memoryview, headers: dict[str, str] | None = None) -> int | None:
-        """Synchronous :meth:`submit` (runs on the calling thread)."""
-        n = len(buf)
-        if n == 0:
-            return 0
+    def _send(self, method: str, url: str, headers: dict[str, str]) -> tuple[http.client.HTTPConnection,
+                                                                            http.client.HTTPResponse]:
+        """Send one request on this thread's kept-alive connection (retried once on a fresh
+        connection when the server had closed the old one) and return its response."""
         u = urllib.parse.urlsplit(url)
         target = (u.path or "/") + (f"?{u.query}" if u.query else "")
-        hdrs = dict(headers or {})
-        hdrs["Range"] = f"bytes={start}-{start + n - 1}"
         for attempt in (0, 1):
             conn = self._conn(u.scheme, u.hostname or "", u.port, fresh=attempt > 0)
             try:
-                conn.request("GET", target, headers=hdrs)
-                resp = conn.getresponse()
+                conn.request(method, target, headers=headers)
+                return conn, conn.getresponse()
             except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest,
                     http.client.ResponseNotReady, TimeoutError):
                 conn.close()
                 if attempt:
                     raise
-                continue  # a kept-alive connection the server had closed: retry once, fresh
-            try:
-                return self._body(resp, start, buf)
-            except BaseException:
-                conn.close()
-                raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def read_into(self, url: str, start: int, buf: memoryview, headers: dict[str, str] | None = None) -> int | None:
+        """Synchronous :meth:`submit` (runs on the calling thread)."""
+        n = len(buf)
+        if n == 0:
+            return 0
+        hdrs = dict(headers or {})
+        hdrs["Range"] = f"bytes={start}-{start + n - 1}"
+        conn, resp = self._send("GET", url, hdrs)
+        try:
+            return self._body(resp, start, buf)
+        except BaseException:
+            conn.close()
+            raise
+
+    def request(self, method: str, url: str, headers: dict[str, str] | None = None, *,
+                max_body: int) -> tuple[int, dict[str, str], bytes]:
+        """One request on the calling thread: ``(status, headers with lower-case names, body)``.
+
+        A body longer than ``max_body`` bytes (declared or received) raises
+        :class:`HttpStatusError` with status 0 instead of being read."""
+        conn, resp = self._send(method, url, dict(headers or {}))
+        try:
+            hdrs = {k.lower(): v for k, v in resp.getheaders()}
+            if method == "HEAD":  # no body, whatever Content-Length says
+                return resp.status, hdrs, b""
+            declared = hdrs.get("content-length")
+            if declared is not None and (not declared.isdigit() or int(declared) > max_body):
+                raise HttpStatusError(0, f"response body of {declared} bytes exceeds {max_body}", b"")
+            if declared is not None:
+                return resp.status, hdrs, resp.read()  # exactly the declared length
+            parts: list[bytes] = []  # chunked or until close: in pieces, checked as they come
+            got = 0
+            while True:
+                part = resp.read(min(1 << 20, max_body + 1 - got))
+                if not part:
+                    return resp.status, hdrs, b"".join(parts)
+                got += len(part)
+                if got > max_body:
+                    raise HttpStatusError(0, f"response body exceeds {max_body} bytes", b"")
+                parts.append(part)
+        except BaseException:
+            conn.close()
+            raise
 
     @staticmethod
     def _body(resp: http.client.HTTPResponse, start: int, buf: memoryview) -> int | None:

@@ -15,6 +15,10 @@ Configuration comes through fsspec ``storage_options`` (``key``, ``secret``, ``t
 ``endpoint_url``, ``client_kwargs={"region_name": ...}``, ``profile``, ...) or the usual
 ``AWS_*`` environment variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_SESSION_TOKEN``, ``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``, ...).
+
+Reads (GET, HEAD, listing) of a store with static credentials and a known endpoint and region
+skip botocore: we sign them (:mod:`~ocdbt_py.kvstore.s3direct`), so a restore's first request
+does not wait for botocore to build its client.  Anything else goes through s3fs.
 """
 
 from __future__ import annotations
@@ -29,11 +33,23 @@ from typing import Any
 from ocdbt_py.errors import ConditionFailedError, StorageError, UnsupportedError
 from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings
 from ocdbt_py.kvstore.rangeio import HttpStatusError, shared_reader
+from ocdbt_py.kvstore.s3direct import Fallback, S3Direct
 
 __all__ = ["S3Store"]
 
 _CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "412", "409"}
 _UNSUPPORTED_CODES = {"NotImplemented", "501"}
+
+
+#: largest whole object one GET reads through the direct path (its declared length is checked)
+_MAX_OBJECT = 1 << 40
+
+
+def _reader_for(verify: bool | str | None) -> Any:
+    """The shared threaded HTTP reader: as many threads (each with its own kept-alive
+    connection) as requests a batch read keeps in flight (``OCDBT_PY_HTTP_THREADS`` overrides)."""
+    threads = os.environ.get("OCDBT_PY_HTTP_THREADS", "")
+    return shared_reader(verify, max(1, int(threads)) if threads.isdigit() else ObjectStore.max_concurrency)
 
 
 def _error_code(exc: BaseException) -> tuple[str | None, int | None]:
@@ -81,6 +97,7 @@ class S3Store(ObjectStore):
             fs, root = fsspec.core.url_to_fs(url, **opts)
         except (ImportError, ValueError, TypeError) as e:
             raise StorageError(f"cannot open {url}: {e}") from e
+        direct = S3Direct.from_options(opts, _reader_for)
         endpoint = (
             opts.get("endpoint_url")
             or (opts.get("client_kwargs") or {}).get("endpoint_url")
@@ -88,7 +105,7 @@ class S3Store(ObjectStore):
             or os.environ.get("AWS_ENDPOINT_URL")
             or ""
         )
-        return cls(
+        store = cls(
             fs,
             root,
             read_only=read_only,
@@ -97,8 +114,42 @@ class S3Store(ObjectStore):
             secrets=_secret_strings(storage_options or {}),
             scheme=url.split("://", 1)[0].lower(),
         )
+        store._direct = direct
+        return store
+
+    #: our own signed reads, or ``None`` (s3fs reads everything); see :mod:`.s3direct`
+    _direct: S3Direct | None = None
+
+    def _direct_failed(self) -> None:
+        """The direct path met something it does not handle: s3fs reads from now on."""
+        self._direct = None
+
+    async def _direct_call(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        """Run a blocking :class:`S3Direct` call on the HTTP threads, awaited on the loop."""
+        direct = self._direct
+        assert direct is not None
+        return await asyncio.wrap_future(direct.reader.run(lambda: fn(*args, **kw)))
+
+    def _find(self, base: str) -> list[str]:
+        direct = self._direct
+        if direct is not None:
+            bucket, _, name = base.partition("/")
+            try:
+                found = direct.reader.run(direct.list, bucket, name.rstrip("/") + "/" if name else "").result()
+            except Fallback:
+                self._direct_failed()
+            else:
+                return [f"{bucket}/{k}" for k, _ in found if not k.endswith("/")]
+        return super()._find(base)
 
     async def _get_range(self, bucket: str, name: str, start: int, stop: int | None) -> bytes | None:
+        if self._direct is not None and start >= 0:
+            try:
+                got: bytes | None = await self._direct_call(self._direct.get, bucket, name, start, stop,
+                                                            max_body=_MAX_OBJECT)
+                return got
+            except Fallback:
+                self._direct_failed()
         kw: dict[str, str] = {}
         if start < 0:
             kw["Range"] = f"bytes={start}"
@@ -161,6 +212,10 @@ class S3Store(ObjectStore):
         state = getattr(self, "_http_state", None)
         if state is not None:
             return state or None
+        self._presigned: dict[str, tuple[str, float]] = {}
+        if self._direct is not None:
+            self._http_state: Any = self._direct.reader
+            return self._direct.reader
         reader: Any = False
         env = os.environ
         fs = self.fs
@@ -173,10 +228,8 @@ class S3Store(ObjectStore):
                 and not getattr(fs, "s3_additional_kwargs", None)):
             verify = client_kwargs.get("verify", env.get("AWS_CA_BUNDLE") or None)
             if verify is None or isinstance(verify, (bool, str)):
-                threads = env.get("OCDBT_PY_HTTP_THREADS", "")
-                reader = shared_reader(verify, max(1, int(threads)) if threads.isdigit() else 16)
+                reader = _reader_for(verify)
         self._http_state = reader
-        self._presigned: dict[str, tuple[str, float]] = {}
         return reader or None
 
     def _presign(self, keys: Sequence[str]) -> dict[str, str]:
@@ -190,6 +243,13 @@ class S3Store(ObjectStore):
                 out[k] = hit[0]
             else:
                 todo.append(k)
+        direct = self._direct
+        if todo and direct is not None:
+            for k in todo:
+                b, n = self._locate(k)
+                out[k] = direct.presign(b, n, self._presign_seconds)
+                self._presigned[k] = (out[k], now + self._presign_seconds / 2)
+            todo = []
         if todo:
             async def sign() -> list[str]:
                 client = await self.fs.set_session()
@@ -230,12 +290,19 @@ class S3Store(ObjectStore):
                 # redirected, refused the presigned form, or ignored the range: the S3 client
                 # knows better (regions, signing); stop using the fast path for this store
                 self._http_state = False
+                self._direct_failed()
                 return self._run(self._read_into_async(key, start, buf))
             raise self._fail("reading", key, e) from e
         except (OSError, http.client.HTTPException) as e:  # refused, reset, cut short, timed out
             raise self._fail("reading", key, e) from e
 
     async def _object_size(self, bucket: str, name: str) -> int | None:
+        if self._direct is not None:
+            try:
+                size: int | None = await self._direct_call(self._direct.head, bucket, name)
+                return size
+            except Fallback:
+                self._direct_failed()
         try:
             resp = await self.fs._call_s3("head_object", Bucket=bucket, Key=name)
         except FileNotFoundError:

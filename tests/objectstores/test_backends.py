@@ -44,14 +44,36 @@ class TestS3Store(StoreTests):
     def _srv(self, s3: servers.S3Server) -> None:
         self.srv = s3
 
+    #: reads signed by us (ocdbt_py.kvstore.s3direct), or all through s3fs/botocore
+    own_signing = True
+
     def make_empty(self) -> KvStore:
         s = open_kvstore(f"s3://{BUCKET}/t{next(_n)}", self.srv.storage_options())
         assert isinstance(s, S3Store)
+        assert (s._direct is not None) == self.own_signing
+        self._made = getattr(self, "_made", []) + [s]
         return s
+
+    @pytest.fixture(autouse=True)
+    def _still_direct(self) -> Any:
+        yield
+        # no read of the suite made the direct path give up (it would hide behind s3fs)
+        for s in getattr(self, "_made", []):
+            assert (s._direct is not None) == self.own_signing
 
     def test_etag_is_the_generation(self, store: KvStore) -> None:
         g = store.set_if("m", b"v", if_generation=None)
         assert g.startswith('"') and store.get_with_generation("m") == (b"v", g)
+
+
+class TestS3StoreViaBotocore(TestS3Store):
+    """The same suite with every read through s3fs/botocore (``OCDBT_PY_S3_OWN_SIGNING=0``)."""
+
+    own_signing = False
+
+    @pytest.fixture(autouse=True)
+    def _no_own_signing(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("OCDBT_PY_S3_OWN_SIGNING", "0")
 
 
 class TestGcsStore(StoreTests):
