@@ -270,6 +270,10 @@ class PyTreeItem:
 
     def restore(self, *, lazy: bool = False) -> Any:
         """The whole tree, as Orbax restores it without a target (arrays as NumPy)."""
+        if not lazy and self.listing.sizes and any(leaf.kind in (ARRAY, SCALAR) for leaf in self.leaves):
+            # every array will be read: on a remote store, start on the data files now, while
+            # the B+tree and the Zarr metadata are read and parsed
+            self.reader.prefetch_all(self.listing.sizes)
         values = self.read_values(self.leaves, lazy=lazy)
         with paused_gc():
             return build_tree([(leaf.keys, v) for leaf, v in zip(self.leaves, values)])

@@ -62,15 +62,34 @@ class Kind(enum.Enum):
 
 @dataclasses.dataclass
 class Listing:
-    """The direct children of a directory."""
+    """The direct children of a directory; on object stores (listed recursively anyway) also
+    the size of every file below it, by path relative to the directory."""
 
     dirs: list[str]
     files: list[str]
+    sizes: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, kv: KvStore, prefix: str = "") -> Listing:
-        d, f = kv.list_dir(prefix)
-        return cls(sorted(d), sorted(f))
+        from ocdbt_py.kvstore.object_store import is_object_store
+
+        if not is_object_store(kv):
+            d, f = kv.list_dir(prefix)
+            return cls(sorted(d), sorted(f))
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        dirs: set[str] = set()
+        files: list[str] = []
+        sizes: dict[str, int] = {}
+        for key, size in kv.list_sized(prefix):
+            rest = key[len(prefix):]
+            if "/" in rest:
+                dirs.add(rest.split("/", 1)[0])
+            else:
+                files.append(rest)
+            if size is not None:
+                sizes[rest] = size
+        return cls(sorted(dirs), sorted(files), sizes)
 
 
 _PYTREE_FILES = ("_METADATA", "manifest.ocdbt", "checkpoint", "_sharding", "_strings.json")

@@ -27,6 +27,7 @@ import concurrent.futures
 import itertools
 import math
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -35,7 +36,7 @@ import numpy as np
 from ocdbt_py.checkpoint.gcpause import paused_gc
 from ocdbt_py.checkpoint.localread import LocalSource, local_root
 from ocdbt_py.checkpoint.pages import small_pages
-from ocdbt_py.checkpoint.remoteread import RemoteSource
+from ocdbt_py.checkpoint.remoteread import Prefetch, RemoteSource
 from ocdbt_py.checkpoint.storage import ArrayStore
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request, slice_range
@@ -56,6 +57,8 @@ SMALL_ARRAY_BYTES = 8 << 20
 IN_FLIGHT_BYTES = 64 << 20
 #: Largest number of chunk keys prefetched for one small array (beyond: streamed).
 MAX_PREFETCH_CHUNKS = 4096
+#: an OCDBT data file: ``d/<name>`` (possibly below an ``ocdbt.process_<i>/`` directory)
+_DATA_FILE = re.compile(r"(?:^|/)d/[^/]+$")
 
 
 class OverlayStore(KvStore):
@@ -152,6 +155,7 @@ class ArrayReader:
         self._meta: dict[str, Any] = {}
         self._local: LocalSource | None | bool = False  # False: not looked at yet
         self._remote: RemoteSource | None = None
+        self._prefetch: Prefetch | None = None
 
     def _table(self) -> dict[str, Any] | None:
         """Key -> location of every key, if a whole-item read already scanned the B+tree."""
@@ -170,6 +174,32 @@ class ArrayReader:
             else:
                 self._remote = RemoteSource(self.kv)
         return self._remote
+
+    def prefetch_all(self, sizes: dict[str, int]) -> bool:
+        """Start fetching the item's data files (``sizes``: the listing's sizes of the files
+        below the item directory) before their contents are located, for a restore that will
+        read every array of an OCDBT item from a remote store; ``False`` where that does not
+        apply (local or non-OCDBT items, no sizes).  The next whole read uses what arrives."""
+        from ocdbt_py.kvstore.object_store import is_object_store
+
+        item_kv = self.store.item_kv
+        if os.environ.get("OCDBT_PY_PREFETCH", "1") in ("0", "false", "no"):
+            return False
+        if (self._prefetch is not None or not sizes or not self.store.databases or item_kv is None
+                or not is_object_store(item_kv) or self.local_source() is not None):
+            return False
+        files: list[tuple[int, str, int]] = []
+        claimed: set[str] = set()
+        for si, prefix in enumerate(self.store.db_prefixes):
+            pre = prefix.rstrip("/") + "/" if prefix else ""
+            for path, size in sizes.items():
+                if path.startswith(pre) and path not in claimed and _DATA_FILE.search(path) and size > 0:
+                    claimed.add(path)
+                    files.append((si, path[len(pre):], size))
+        if not files:
+            return False
+        self._prefetch = Prefetch([db.kvstore for db in self.store.databases], files)
+        return True
 
     def local_source(self) -> LocalSource | None:
         """Fast local-file reads, when the item is on the local filesystem (else ``None``)."""
@@ -510,7 +540,8 @@ class ArrayReader:
                 raise CorruptionError(f"array {p!r}: {e.reason}", path=self.kv.url) from e
 
         hints = [math.prod(u[2].chunk_shape) * u[3].dtype.itemsize for u in units]
-        src.run([u[0] for u in units], hints, consume)
+        pre, self._prefetch = self._prefetch, None
+        src.run([u[0] for u in units], hints, consume, pre)
 
 
 class _LocalFetcher:

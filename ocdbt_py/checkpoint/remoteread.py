@@ -15,6 +15,12 @@ are not on the local filesystem the reader
 * hands each range to the decode workers as soon as it arrives, so decoding overlaps the
   transfer of the rest.
 
+A whole-item restore need not wait for the B+tree to start moving data: every chunk of the item
+will be read, and they lie in the data files the directory listing named (with their sizes).
+:class:`Prefetch` requests the first :data:`IN_FLIGHT_BYTES` of them straight after the
+listing, while the B+tree and the Zarr metadata are read and parsed; the plan then assigns the
+values that fall inside those requests to them and fetches only the rest.
+
 Stores with :meth:`~ocdbt_py.kvstore.object_store.ObjectStore.read_into` (S3, GCS, Azure)
 read each range straight into a buffer taken from a small reuse pool; any other store gets
 ``get_many`` calls on I/O threads.  Memory held for fetched bytes never exceeds the budget
@@ -38,7 +44,7 @@ from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
 
-__all__ = ["RemoteLoc", "RemoteSource", "IN_FLIGHT_BYTES", "MAX_SPAN", "GAP", "fetch_budget"]
+__all__ = ["RemoteLoc", "RemoteSource", "Prefetch", "IN_FLIGHT_BYTES", "MAX_SPAN", "GAP", "fetch_budget"]
 
 #: Fetched bytes (compressed, not yet decoded) held at a time; ``OCDBT_PY_FETCH_BYTES``
 #: overrides it.  This, not the CPU count, sets how many requests are in flight.
@@ -149,6 +155,23 @@ def _unwrap(kv: KvStore) -> tuple[KvStore, str]:
     return kv, prefix
 
 
+def _claim(vals: list[tuple[int, int, int]], jobs: list[_Job]) -> list[tuple[int, int, int]]:
+    """Give each value (``(index, offset, length)``, sorted by offset) that lies wholly inside
+    one of ``jobs``' ranges to that job; return the values left for new requests."""
+    spans = sorted(jobs, key=lambda j: j.spans[0][2])
+    rest: list[tuple[int, int, int]] = []
+    k = 0
+    for v in vals:
+        a, b = v[1], v[1] + v[2]
+        while k < len(spans) and spans[k].spans[0][3] <= a:
+            k += 1
+        if k < len(spans) and spans[k].spans[0][2] <= a and b <= spans[k].spans[0][3]:
+            spans[k].spans[0][4].append(v)
+        else:
+            rest.append(v)
+    return rest
+
+
 class _Job:
     """One request (or one ``get_many`` batch) and the values it answers."""
 
@@ -162,6 +185,63 @@ class _Job:
         self.buf: np.ndarray | None = None
         #: whole keys of the item store (no locations known): (value index, key)
         self.keys = keys
+
+
+def _start_span(job: _Job, stores: Sequence[KvStore], direct: Sequence[tuple[KvStore, str]],
+                _pool: _Pool) -> concurrent.futures.Future[Any]:
+    """Start the one ranged read of ``job``: into a pooled buffer where the store can."""
+    si, fk, lo, hi, _ = job.spans[0]
+    base, prefix = direct[si]
+    read_into = getattr(base, "read_into", None)
+    if read_into is not None:
+        job.buf = _pool.take(hi - lo)
+        return read_into([(prefix + fk, lo, job.buf.data[: hi - lo])])[0]  # type: ignore[no-any-return]
+    return _io().submit(stores[si].get_many, [(fk, (lo, hi))])
+
+
+class Prefetch:
+    """The first ranges of an item's data files, requested before their contents are located.
+
+    ``files`` are ``(store index, data file key, size)`` from the directory listing (keys of
+    ``stores[index]``, the databases' stores).  Ranges start at offset 0 of each file in turn,
+    sized as the plan sizes its first requests, until ``budget`` bytes are requested.  Hand the
+    object to :meth:`RemoteSource.run`, which gives each range the values it holds; a range
+    that holds none is dropped when it arrives.
+    """
+
+    def __init__(self, stores: Sequence[KvStore], files: Sequence[tuple[int, str, int]], budget: int | None = None):
+        self.budget = fetch_budget() if budget is None else budget
+        self.pool = _Pool(self.budget)
+        self.jobs: list[tuple[_Job, concurrent.futures.Future[Any]]] = []
+        self.used = False
+        direct = [_unwrap(s) for s in stores]
+        held = 0
+        for si, fk, size in sorted(files):
+            lo = 0
+            while lo < size and held < self.budget:
+                n = len(self.jobs)
+                span = MAX_SPAN if n >= 8 else min(MAX_SPAN, FIRST_SPAN << n)
+                hi = min(size, lo + span, lo + self.budget - held)
+                job = _Job(hi - lo, [(si, fk, lo, hi, [])])
+                self.jobs.append((job, _start_span(job, stores, direct, self.pool)))
+                held += hi - lo
+                lo = hi
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes requested."""
+        return sum(j.nbytes for j, _ in self.jobs)
+
+    def spans(self) -> dict[tuple[int, str], list[_Job]]:
+        """The requested ranges by ``(store index, data file)``, in file order."""
+        out: dict[tuple[int, str], list[_Job]] = {}
+        for job, _ in self.jobs:
+            out.setdefault((job.spans[0][0], job.spans[0][1]), []).append(job)
+        return out
+
+    def wait(self) -> None:
+        """Wait until every request has finished (their buffers are then free to reuse)."""
+        concurrent.futures.wait([f for _, f in self.jobs])
 
 
 class RemoteSource:
@@ -191,8 +271,10 @@ class RemoteSource:
         return cls(kv, stores, table)
 
     # -- planning ----------------------------------------------------------------------------
-    def _plan(self, keys: Sequence[str], size_hints: Sequence[int]) -> tuple[list[_Job], list[tuple[int, Any]]]:
-        """Jobs to fetch, and ``(index, value)`` answers known without a request."""
+    def _plan(self, keys: Sequence[str], size_hints: Sequence[int], prefetched: Prefetch | None = None
+              ) -> tuple[list[_Job], list[tuple[int, Any]]]:
+        """Jobs to fetch, and ``(index, value)`` answers known without a request.  Values lying
+        wholly inside a ``prefetched`` range become members of that range's job instead."""
         ready: list[tuple[int, Any]] = []
         jobs: list[_Job] = []
         if self.table is None:
@@ -219,8 +301,11 @@ class RemoteSource:
                 ready.append((i, b""))
             else:
                 by_file.setdefault((loc.store, loc.key), []).append((i, loc.offset, loc.length))
+        pre = prefetched.spans() if prefetched is not None else {}
         for (si, fk), vals in by_file.items():
             vals.sort(key=lambda v: v[1])
+            if pre.get((si, fk)):
+                vals = _claim(vals, pre[(si, fk)])
             cur: list[tuple[int, int, int]] = []
             lo = hi = 0
             for v in vals:
@@ -242,14 +327,7 @@ class RemoteSource:
         if job.keys is not None:
             kv = self.kv
             return _io().submit(kv.get_many, [k for _, k in job.keys])
-        si, fk, lo, hi, _ = job.spans[0]
-        base, prefix = self._direct[si]
-        read_into = getattr(base, "read_into", None)
-        if read_into is not None:
-            job.buf = pool.take(hi - lo)
-            return read_into([(prefix + fk, lo, job.buf.data[: hi - lo])])[0]  # type: ignore[no-any-return]
-        store = self.stores[si]
-        return _io().submit(store.get_many, [(fk, (lo, hi))])
+        return _start_span(job, self.stores, self._direct, pool)
 
     def _answers(self, job: _Job, result: Any) -> list[tuple[int, Any]]:
         if job.keys is not None:
@@ -271,21 +349,31 @@ class RemoteSource:
                                   path=where, offset=lo)
         return [(i, data[off - lo: off - lo + n]) for i, off, n in members]
 
-    def run(self, keys: Sequence[str], size_hints: Sequence[int], consume: Callable[[int, Any], None]) -> None:
+    def run(self, keys: Sequence[str], size_hints: Sequence[int], consume: Callable[[int, Any], None],
+            prefetched: Prefetch | None = None) -> None:
         """Fetch the value of every key and call ``consume(index, value)`` for each, on the
         decode workers (``value``: a bytes-like object valid only during the call, or ``None``
         when the key is absent).  Returns when every value was consumed; re-raises the first
-        error after every request started has finished."""
+        error after every request started has finished.  ``prefetched`` (used once) supplies
+        ranges already requested."""
         from zarr3._executor import get_pool, num_threads
 
-        jobs, ready = self._plan(keys, size_hints)
+        if prefetched is not None and (prefetched.used or self.table is None):
+            prefetched = None
+        jobs, ready = self._plan(keys, size_hints, prefetched)
         budget = fetch_budget()
-        buffers = _Pool(budget)  # per read: reuse within it, nothing kept after it
+        # per read: reuse within it, nothing kept after it
+        buffers = prefetched.pool if prefetched is not None else _Pool(budget)
         pool = get_pool() if num_threads() > 1 else None
         queue = deque(jobs)
         fetching: dict[concurrent.futures.Future[Any], _Job] = {}
         decoding: dict[concurrent.futures.Future[Any], _Job | None] = {}
         held = 0
+        if prefetched is not None:
+            prefetched.used = True
+            for job, fut in prefetched.jobs:
+                held += job.nbytes
+                fetching[fut] = job
 
         def decode_all(answers: list[tuple[int, Any]]) -> None:
             for i, v in answers:
@@ -345,6 +433,12 @@ class RemoteSource:
                 for f in done:
                     if f in fetching:
                         job = fetching.pop(f)
+                        if job.keys is None and not job.spans[0][4]:  # a prefetched range nothing fell in
+                            held -= job.nbytes
+                            if job.buf is not None:
+                                buffers.give(job.buf)
+                                job.buf = None
+                            continue
                         submit_decode(self._answers(job, f.result()), job)
                     else:
                         dj = decoding.pop(f)

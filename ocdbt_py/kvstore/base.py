@@ -114,6 +114,12 @@ class KvStore(abc.ABC):
         Keys are compared as UTF-8 bytes, so the order matches OCDBT's.
         """
 
+    def list_sized(self, prefix: str = "") -> Iterator[tuple[str, int | None]]:
+        """:meth:`list` with each key's size where the listing gives it for free (object
+        stores), else ``None``; never a request per key."""
+        for key in self.list(prefix):
+            yield key, None
+
     def list_dir(self, prefix: str = "") -> tuple[builtins.list[str], builtins.list[str]]:
         """Return ``(subdirectories, keys)`` directly below ``prefix`` (a ``/``-terminated path).
 

@@ -167,6 +167,13 @@ class FsspecStore(KvStore):
     def list(
         self, prefix: str = "", *, start: str | None = None, stop: str | None = None
     ) -> Iterator[str]:
+        for key, _ in self._listed(prefix, start, stop):
+            yield key
+
+    def list_sized(self, prefix: str = "") -> Iterator[tuple[str, int | None]]:
+        yield from self._listed(prefix, None, None)
+
+    def _listed(self, prefix: str, start: str | None, stop: str | None) -> builtins.list[tuple[str, int | None]]:
         validate_prefix(prefix)
         slash = prefix.rfind("/")
         top = prefix[: slash + 1] if slash >= 0 else ""
@@ -184,23 +191,28 @@ class FsspecStore(KvStore):
         keys = []
         pb, lo = prefix.encode(), None if start is None else start.encode()
         hi = None if stop is None else stop.encode()
-        for p in found:
+        for p, size in found:
             p = self.fs._strip_protocol(p)
             if self._http:
                 p = urllib.parse.unquote(p)
             kb = p[n:].lstrip("/").encode()
             if not kb.startswith(pb) or (lo is not None and kb < lo) or (hi is not None and kb >= hi):
                 continue
-            keys.append(kb)
+            keys.append((kb, size))
         keys.sort()
-        for kb in keys:
-            yield kb.decode()
+        return [(kb.decode(), size) for kb, size in keys]
 
-    def _find(self, base: str) -> builtins.list[str]:
-        """Every file path below directory path ``base`` (recursively), as ``fs.find`` gives."""
+    def _find(self, base: str) -> builtins.list[tuple[str, int | None]]:
+        """Every file below directory path ``base`` (recursively), as ``fs.find`` gives it,
+        with its size where the listing says it."""
         if self._http:
-            return self._http_find(base + "/")
-        return list(self.fs.find(base, withdirs=False))
+            return [(p, None) for p in self._http_find(base + "/")]
+        found = self.fs.find(base, withdirs=False, detail=True)
+        out: builtins.list[tuple[str, int | None]] = []
+        for p, info in found.items():
+            size = info.get("size") if isinstance(info, dict) else None
+            out.append((p, int(size) if isinstance(size, int) and size >= 0 else None))
+        return out
 
     def _http_find(self, top: str) -> builtins.list[str]:
         """Recursive listing from HTML directory indexes (directories end with ``/``)."""

@@ -53,6 +53,12 @@ class PrefixStore(KvStore):
         ):
             yield key[n:]
 
+    def list_sized(self, prefix: str = "") -> Iterator[tuple[str, int | None]]:
+        validate_prefix(prefix)
+        n = len(self.prefix)
+        for key, size in self.base.list_sized(self.prefix + prefix):
+            yield key[n:], size
+
     def set(self, key: str, value: bytes | bytearray | memoryview) -> None:
         self.base.set(self._k(key), value)
 

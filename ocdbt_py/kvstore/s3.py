@@ -130,7 +130,7 @@ class S3Store(ObjectStore):
         assert direct is not None
         return await asyncio.wrap_future(direct.reader.run(lambda: fn(*args, **kw)))
 
-    def _find(self, base: str) -> list[str]:
+    def _find(self, base: str) -> list[tuple[str, int | None]]:
         direct = self._direct
         if direct is not None:
             bucket, _, name = base.partition("/")
@@ -139,7 +139,7 @@ class S3Store(ObjectStore):
             except Fallback:
                 self._direct_failed()
             else:
-                return [f"{bucket}/{k}" for k, _ in found if not k.endswith("/")]
+                return [(f"{bucket}/{k}", size) for k, size in found if not k.endswith("/")]
         return super()._find(base)
 
     async def _get_range(self, bucket: str, name: str, start: int, stop: int | None) -> bytes | None:

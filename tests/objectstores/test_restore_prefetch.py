@@ -1,0 +1,180 @@
+"""Whole-item restores from S3 start on the data files straight after the listing
+(``remoteread.Prefetch``): the values that fall inside those early ranges are taken from them,
+the rest fetched as before, and the result is the same as without the prefetch."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ocdbt_py import checkpoint
+from ocdbt_py.checkpoint import remoteread
+from ocdbt_py.checkpoint.layout import Listing
+from ocdbt_py.checkpoint.remoteread import _claim, _Job
+from ocdbt_py.errors import CorruptionError
+from ocdbt_py.kvstore import open_kvstore
+from tests.objectstores import servers
+
+BUCKET = "ocdbt-prefetch"
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "conformance" / "fixtures" / "checkpoint"
+_n = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def s3(s3_server: servers.S3Server) -> servers.S3Server:
+    s3_server.make_bucket(BUCKET)
+    return s3_server
+
+
+def _upload(srv: servers.S3Server, local: Path) -> str:
+    import s3fs
+
+    root = f"{BUCKET}/up{next(_n)}"
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **srv.storage_options())
+    files = [p for p in sorted(local.rglob("*")) if p.is_file()]
+    fs.put([str(p) for p in files], [f"{root}/{p.relative_to(local).as_posix()}" for p in files])
+    return f"s3://{root}"
+
+
+class _Spy:
+    """Records the prefetch each RemoteSource.run was given, and how many values it held."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.calls: list[tuple[int, int, int]] = []  # (ranges, values taken from them, values planned)
+        real = remoteread.RemoteSource.run
+
+        def run(src: Any, keys: Any, hints: Any, consume: Any, prefetched: Any = None) -> None:
+            real_plan = src._plan
+
+            def plan(k: Any, h: Any, pre: Any = None) -> Any:
+                jobs, ready = real_plan(k, h, pre)
+                held = sum(len(j.spans[0][4]) for j, _ in pre.jobs) if pre is not None else 0
+                self.calls.append((len(pre.jobs) if pre is not None else 0, held,
+                                   sum(len(j.spans[0][4]) for j in jobs if j.keys is None)))
+                return jobs, ready
+
+            src._plan = plan
+            real(src, keys, hints, consume, prefetched)
+
+        monkeypatch.setattr(remoteread.RemoteSource, "run", run)
+
+
+def _same(a: Any, b: Any) -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b)
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("version,case", [("orbax-0.11.5", "pytree_ocdbt"), ("orbax-0.11.5", "pytree_zarr3"),
+                                          ("orbax-0.9.1", "pytree_ocdbt"), ("orbax-0.5.10", "aggregate")])
+def test_orbax_fixtures_restore_the_same(s3: servers.S3Server, monkeypatch: pytest.MonkeyPatch,
+                                         version: str, case: str) -> None:
+    """Orbax's own layouts (a root database over ``ocdbt.process_0``): the data files the
+    listing names are prefetched in tiny ranges; the restore equals the local one."""
+    local = FIXTURES / version / "ckpt" / case
+    want = checkpoint.restore(local)
+    url = _upload(s3, local)
+    monkeypatch.setattr(remoteread, "FIRST_SPAN", 48)
+    spy = _Spy(monkeypatch)
+    got = checkpoint.restore(url, storage_options=s3.storage_options())
+    _same(want, got)
+    assert spy.calls and spy.calls[0][0] > 1, "no prefetch was made"
+
+
+def _tree(n: int, seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    return {"params": {f"w{i:03d}": rng.standard_normal(int(rng.integers(1, 3000))).astype(np.float32)
+                       for i in range(n)}, "step": np.int64(9), "note": "x"}
+
+
+@pytest.mark.parametrize("use_zarr3", [False, True])
+@pytest.mark.parametrize("file_size,budget", [(None, 1 << 30), (None, 100_000), (200_000, 300_000)])
+def test_saved_checkpoint_with_and_without_prefetch(s3: servers.S3Server, monkeypatch: pytest.MonkeyPatch,
+                                                    use_zarr3: bool, file_size: int | None, budget: int) -> None:
+    tree = _tree(120, 1)
+    url = f"s3://{BUCKET}/saved{next(_n)}"
+    checkpoint.save(url, tree, storage_options=s3.storage_options(), use_zarr3=use_zarr3,
+                    ocdbt_target_data_file_size=file_size)
+    # ranges of 4, 8, 16... KiB: values straddle their ends; a small budget leaves the rest
+    # of the data files to the ordinary plan
+    monkeypatch.setattr(remoteread, "FIRST_SPAN", 4096)
+    monkeypatch.setattr(remoteread, "IN_FLIGHT_BYTES", budget)
+    spy = _Spy(monkeypatch)
+    got = checkpoint.restore(url, storage_options=s3.storage_options())
+    monkeypatch.setenv("OCDBT_PY_PREFETCH", "0")
+    plain = checkpoint.restore(url, storage_options=s3.storage_options())
+    _same(tree["params"], got["params"])
+    _same(got, plain)
+    (ranges, held, planned), (ranges_off, held_off, planned_off) = spy.calls
+    assert ranges > 1 and held > 0  # the prefetch was made and used
+    assert planned > 0  # straddling values (and, with a small budget, the rest) fetched as usual
+    assert ranges_off == held_off == 0 and planned_off == held + planned
+
+
+def test_partial_restore_does_not_prefetch(s3: servers.S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = _tree(30, 2)
+    url = f"s3://{BUCKET}/partial{next(_n)}"
+    checkpoint.save(url, tree, storage_options=s3.storage_options())
+    spy = _Spy(monkeypatch)
+    target = {"params": {"w003": np.zeros_like(tree["params"]["w003"])}}
+    got = checkpoint.restore(url, target, storage_options=s3.storage_options())
+    np.testing.assert_array_equal(got["params"]["w003"], tree["params"]["w003"])
+    lazy = checkpoint.restore(url, storage_options=s3.storage_options(), lazy=True)
+    np.testing.assert_array_equal(np.asarray(lazy["params"]["w007"]), tree["params"]["w007"])
+    assert all(c[0] == 0 for c in spy.calls)
+
+
+def test_listing_carries_sizes_on_object_stores(s3: servers.S3Server, tmp_path: Path) -> None:
+    tree = _tree(3, 3)
+    url = f"s3://{BUCKET}/sizes{next(_n)}"
+    checkpoint.save(url, tree, storage_options=s3.storage_options())
+    checkpoint.save(tmp_path / "c", tree)
+    remote = Listing.of(open_kvstore(url, s3.storage_options()))
+    data = {k: v for k, v in remote.sizes.items() if k.startswith("d/")}
+    assert data and all(v > 0 for v in data.values())
+    assert remote.sizes["manifest.ocdbt"] == (tmp_path / "c" / "manifest.ocdbt").stat().st_size
+    assert Listing.of(open_kvstore(tmp_path / "c")).sizes == {}  # local: not listed recursively
+
+
+def test_data_file_gone_after_listing_is_corruption(s3: servers.S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = _tree(20, 4)
+    url = f"s3://{BUCKET}/gone{next(_n)}"
+    checkpoint.save(url, tree, storage_options=s3.storage_options())
+    real_of = Listing.of.__func__  # type: ignore[attr-defined]
+    writer = open_kvstore(url, s3.storage_options())
+
+    def of(cls: Any, kv: Any, prefix: str = "") -> Listing:
+        lst = real_of(cls, kv, prefix)
+        for k in [k for k in lst.sizes if k.startswith("d/")]:
+            writer.delete(prefix + k)  # the data files vanish between the listing and the reads
+        return lst
+
+    monkeypatch.setattr(Listing, "of", classmethod(of))
+    with pytest.raises(CorruptionError, match="missing"):
+        checkpoint.restore(url, storage_options=s3.storage_options())
+
+
+def test_claim_takes_only_values_wholly_inside_a_range() -> None:
+    jobs = [_Job(100, [(0, "d/f", 0, 100, [])]), _Job(100, [(0, "d/f", 100, 200, [])]),
+            _Job(50, [(0, "d/f", 300, 350, [])])]
+    vals = [(0, 0, 10), (1, 90, 10), (2, 95, 10), (3, 100, 100), (4, 250, 10), (5, 300, 50), (6, 340, 20)]
+    rest = _claim(vals, jobs)
+    assert [v[0] for v in jobs[0].spans[0][4]] == [0, 1]
+    assert [v[0] for v in jobs[1].spans[0][4]] == [3]
+    assert [v[0] for v in jobs[2].spans[0][4]] == [5]
+    assert [v[0] for v in rest] == [2, 4, 6]
