@@ -17,7 +17,8 @@ from ocdbt_py.checkpoint.gcpause import paused_gc
 from ocdbt_py.checkpoint.jsonio import parse_json, read_bytes, read_json
 from ocdbt_py.checkpoint.layout import Listing
 from ocdbt_py.checkpoint.pytree import build_tree
-from ocdbt_py.checkpoint.reader import ArrayReader, LazyArray
+from ocdbt_py.checkpoint.reader import ArrayReader, LazyArray, start_prefetch
+from ocdbt_py.checkpoint.remoteread import Prefetch
 from ocdbt_py.checkpoint.storage import ArrayStore, open_array_store
 from ocdbt_py.checkpoint.treemeta import (
     ARRAY,
@@ -51,17 +52,22 @@ class PyTreeItem:
     read on construction; array data is read by :meth:`read_values` / :meth:`restore`.
     """
 
-    def __init__(self, kv: KvStore, *, listing: Listing | None = None):
+    def __init__(self, kv: KvStore, *, listing: Listing | None = None, prefetch: bool = False):
         self.kv = kv
         self.listing = listing or Listing.of(kv)
         self.tree_metadata: TreeMetadata | None = None
         self._store: ArrayStore | None = None
-        if "manifest.ocdbt" in self.listing.files and is_object_store(kv):
-            # open the database first: its B+tree root is then fetched while _METADATA is parsed
+        self._prefetch: Prefetch | None = None
+        if is_object_store(kv) and ("manifest.ocdbt" in self.listing.files
+                                    or any(d.startswith("ocdbt.process_") for d in self.listing.dirs)):
+            # open the database first: its B+tree root is then fetched while _METADATA is parsed;
+            # and for a restore of everything (``prefetch``), the data files start arriving too
             try:
                 self._store = open_array_store(kv, files=self.listing.files, dirs=self.listing.dirs, use_ocdbt=None)
             except OcdbtError:
                 self._store = None  # reported when the arrays are read, as for other stores
+            if prefetch and self._store is not None:
+                self._prefetch = start_prefetch(self._store, self.listing.sizes)
         doc = read_json(kv, "_METADATA") if "_METADATA" in self.listing.files else None
         if doc is not None:
             self.tree_metadata = parse_tree_metadata(doc)
@@ -177,6 +183,7 @@ class PyTreeItem:
         """The array reader (opened on first use)."""
         if self._reader is None:
             self._reader = ArrayReader(self.array_store, fill_missing=self.fill_missing, zarr3=self.use_zarr3)
+            self._reader._prefetch, self._prefetch = self._prefetch, None
         return self._reader
 
     @property

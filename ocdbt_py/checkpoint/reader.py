@@ -139,6 +139,30 @@ def _nbytes(meta: Any) -> int:
     return math.prod(meta.shape) * meta.data_type.dtype.itemsize
 
 
+def start_prefetch(store: ArrayStore, sizes: dict[str, int]) -> Prefetch | None:
+    """A :class:`Prefetch` of the data files of ``store``'s OCDBT databases (named, with their
+    sizes, by the item directory's listing), or ``None`` where it does not apply: not an
+    object store, no databases, no sizes, or ``OCDBT_PY_PREFETCH=0``."""
+    from ocdbt_py.kvstore.object_store import is_object_store
+
+    if os.environ.get("OCDBT_PY_PREFETCH", "1") in ("0", "false", "no"):
+        return None
+    item_kv = store.item_kv
+    if not sizes or not store.databases or item_kv is None or not is_object_store(item_kv):
+        return None
+    files: list[tuple[int, str, int]] = []
+    claimed: set[str] = set()
+    for si, prefix in enumerate(store.db_prefixes):
+        pre = prefix.rstrip("/") + "/" if prefix else ""
+        for path, size in sizes.items():
+            if path.startswith(pre) and path not in claimed and _DATA_FILE.search(path) and size > 0:
+                claimed.add(path)
+                files.append((si, path[len(pre):], size))
+    if not files:
+        return None
+    return Prefetch([db.kvstore for db in store.databases], files)
+
+
 class ArrayReader:
     """Opens and reads the Zarr arrays of one item.
 
@@ -179,27 +203,11 @@ class ArrayReader:
         """Start fetching the item's data files (``sizes``: the listing's sizes of the files
         below the item directory) before their contents are located, for a restore that will
         read every array of an OCDBT item from a remote store; ``False`` where that does not
-        apply (local or non-OCDBT items, no sizes).  The next whole read uses what arrives."""
-        from ocdbt_py.kvstore.object_store import is_object_store
-
-        item_kv = self.store.item_kv
-        if os.environ.get("OCDBT_PY_PREFETCH", "1") in ("0", "false", "no"):
+        apply (see :func:`start_prefetch`).  The next whole read uses what arrives."""
+        if self._prefetch is not None or self.local_source() is not None:
             return False
-        if (self._prefetch is not None or not sizes or not self.store.databases or item_kv is None
-                or not is_object_store(item_kv) or self.local_source() is not None):
-            return False
-        files: list[tuple[int, str, int]] = []
-        claimed: set[str] = set()
-        for si, prefix in enumerate(self.store.db_prefixes):
-            pre = prefix.rstrip("/") + "/" if prefix else ""
-            for path, size in sizes.items():
-                if path.startswith(pre) and path not in claimed and _DATA_FILE.search(path) and size > 0:
-                    claimed.add(path)
-                    files.append((si, path[len(pre):], size))
-        if not files:
-            return False
-        self._prefetch = Prefetch([db.kvstore for db in self.store.databases], files)
-        return True
+        self._prefetch = start_prefetch(self.store, sizes)
+        return self._prefetch is not None
 
     def local_source(self) -> LocalSource | None:
         """Fast local-file reads, when the item is on the local filesystem (else ``None``)."""

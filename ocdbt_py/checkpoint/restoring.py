@@ -128,7 +128,8 @@ def _restore_item(kv: KvStore, kind: Kind, target: Any, lazy: bool, handler: str
     if kind != Kind.PYTREE:
         raise NotFoundError(f"{kv.url} is not an item directory")
     with paused_gc():
-        item = PyTreeItem(kv, listing=listing)
+        # a restore of everything starts on the data files as soon as the listing names them
+        item = PyTreeItem(kv, listing=listing, prefetch=target is None and not lazy)
     try:
         bare = bare_array_leaf(item, handler)
         if bare is not None and target is not None:

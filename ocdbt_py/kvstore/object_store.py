@@ -264,10 +264,7 @@ class ObjectStore(FsspecStore, abc.ABC):
             if start < 0 or stop <= start:
                 raise ValueError("read_ahead needs ranges 0 <= start < stop")
 
-        async def run_all() -> list[Any]:
-            return list(await asyncio.gather(*(self._read(k, r) for k, r in reqs), return_exceptions=True))
-
-        fut: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(run_all(), self.fs.loop)
+        fut = self._start_ahead(reqs)
         now = time.monotonic()
         with self._ahead_lock:
             for k in [k for k, e in self._ahead.items() if e[3] < now]:
@@ -277,6 +274,14 @@ class ObjectStore(FsspecStore, abc.ABC):
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         fut.add_done_callback(lambda _f: done.set_result(None))
         return done
+
+    def _start_ahead(self, reqs: Sequence[tuple[str, tuple[int, int]]]) -> concurrent.futures.Future[list[Any]]:
+        """Start the reads of :meth:`read_ahead`; the future gives each result (bytes, ``None``
+        for an absent object, or the exception raised) in order."""
+        async def run_all() -> list[Any]:
+            return list(await asyncio.gather(*(self._read(k, r) for k, r in reqs), return_exceptions=True))
+
+        return asyncio.run_coroutine_threadsafe(run_all(), self.fs.loop)
 
     def _take_ahead(self, key: str, byte_range: ByteRange | None) -> tuple[bool, bytes | None]:
         """``(True, value)`` when a read ahead answers this read (and is used up by it)."""

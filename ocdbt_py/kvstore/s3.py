@@ -24,8 +24,10 @@ does not wait for botocore to build its client.  Anything else goes through s3fs
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import http.client
 import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -129,6 +131,39 @@ class S3Store(ObjectStore):
         direct = self._direct
         assert direct is not None
         return await asyncio.wrap_future(direct.reader.run(lambda: fn(*args, **kw)))
+
+    def _start_ahead(self, reqs: Sequence[tuple[str, tuple[int, int]]]) -> concurrent.futures.Future[list[Any]]:
+        # straight onto the HTTP threads: no hop through the event loop, whose thread may wait
+        # for the GIL while the caller parses (the reads of a restore's start are its critical path)
+        direct = self._direct
+        if direct is None:
+            return super()._start_ahead(reqs)
+        parts = [direct.reader.run(self._read_now, k, r) for k, r in reqs]
+        out: concurrent.futures.Future[list[Any]] = concurrent.futures.Future()
+        left = [len(parts)]
+        lock = threading.Lock()
+
+        def one_done(_f: concurrent.futures.Future[Any]) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                out.set_result([p.exception() or p.result() for p in parts])
+
+        for p in parts:
+            p.add_done_callback(one_done)
+        return out
+
+    def _read_now(self, key: str, rng: tuple[int, int]) -> bytes | None:
+        """One read on the calling (HTTP) thread: direct, or through s3fs if that gave up."""
+        direct = self._direct
+        bucket, name = self._locate(key)
+        if direct is not None:
+            try:
+                return direct.get(bucket, name, rng[0], rng[1], max_body=_MAX_OBJECT)
+            except Fallback:
+                self._direct_failed()
+        return self._run(self._read(key, rng))
 
     def _find(self, base: str) -> list[tuple[str, int | None]]:
         direct = self._direct

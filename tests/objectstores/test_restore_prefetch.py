@@ -85,11 +85,13 @@ def _same(a: Any, b: Any) -> None:
 def test_orbax_fixtures_restore_the_same(s3: servers.S3Server, monkeypatch: pytest.MonkeyPatch,
                                          version: str, case: str) -> None:
     """Orbax's own layouts (a root database over ``ocdbt.process_0``): the data files the
-    listing names are prefetched in tiny ranges; the restore equals the local one."""
+    listing names are prefetched in tiny ranges (their values are all inline, so the ranges
+    hold nothing the plan wants); the restore equals the local one."""
     local = FIXTURES / version / "ckpt" / case
     want = checkpoint.restore(local)
     url = _upload(s3, local)
-    monkeypatch.setattr(remoteread, "FIRST_SPAN", 48)
+    monkeypatch.setattr(remoteread, "MAX_SPAN", 48)
+    monkeypatch.setattr(remoteread, "PREFETCH_MIN_FILE", 0)
     spy = _Spy(monkeypatch)
     got = checkpoint.restore(url, storage_options=s3.storage_options())
     _same(want, got)
@@ -110,9 +112,10 @@ def test_saved_checkpoint_with_and_without_prefetch(s3: servers.S3Server, monkey
     url = f"s3://{BUCKET}/saved{next(_n)}"
     checkpoint.save(url, tree, storage_options=s3.storage_options(), use_zarr3=use_zarr3,
                     ocdbt_target_data_file_size=file_size)
-    # ranges of 4, 8, 16... KiB: values straddle their ends; a small budget leaves the rest
-    # of the data files to the ordinary plan
-    monkeypatch.setattr(remoteread, "FIRST_SPAN", 4096)
+    # ranges of 4 KiB: values straddle their ends; a small budget leaves the rest of the data
+    # files to the ordinary plan
+    monkeypatch.setattr(remoteread, "MAX_SPAN", 4096)
+    monkeypatch.setattr(remoteread, "PREFETCH_MIN_FILE", 0)
     monkeypatch.setattr(remoteread, "IN_FLIGHT_BYTES", budget)
     spy = _Spy(monkeypatch)
     got = checkpoint.restore(url, storage_options=s3.storage_options())
@@ -178,3 +181,20 @@ def test_claim_takes_only_values_wholly_inside_a_range() -> None:
     assert [v[0] for v in jobs[1].spans[0][4]] == [3]
     assert [v[0] for v in jobs[2].spans[0][4]] == [5]
     assert [v[0] for v in rest] == [2, 4, 6]
+
+
+def test_prefetch_takes_the_largest_files_first_within_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ocdbt_py.kvstore.memory import MemoryStore
+
+    store = MemoryStore()
+    sizes = {"d/small": 1000, "d/big": 300_000, "d/mid": 150_000, "d/tiny": 10}
+    for k, n in sizes.items():
+        store.set(k, bytes(n))
+    monkeypatch.setattr(remoteread, "MAX_SPAN", 100_000)
+    monkeypatch.setattr(remoteread, "PREFETCH_MIN_FILE", 500)
+    pre = remoteread.Prefetch([store], [(0, k, n) for k, n in sizes.items()], budget=420_000)
+    pre.wait()
+    spans = [(j.spans[0][1], j.spans[0][2], j.spans[0][3]) for j, _ in pre.jobs]
+    assert spans == [("d/big", 0, 100_000), ("d/big", 100_000, 200_000), ("d/big", 200_000, 300_000),
+                     ("d/mid", 0, 100_000), ("d/mid", 100_000, 120_000)]  # budget reached; small/tiny not read
+    assert pre.nbytes == 420_000
