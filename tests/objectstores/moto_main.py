@@ -9,6 +9,8 @@ threads.  Two racing conditional puts can then both succeed, which real S3 never
 this launcher serializes mutating requests (PUT, POST, DELETE) with one lock.  Reads stay
 concurrent.  Binding port 0 and printing the port the OS chose avoids any free-port race.
 
+``--tls CERT KEY`` serves HTTPS with that certificate (TLS tests of the clients).
+
 ``--fast-ranges`` (used by the benchmarks) makes a ranged GET cost what it costs on S3: moto
 copies the *whole* object out of its buffer, under a per-object lock, for every ranged GET and
 then slices it, so a client that reads a 100 MiB data file in 25 ranges pays for 2.5 GB of
@@ -101,7 +103,12 @@ def main() -> None:
     from werkzeug.serving import make_server
 
     app = SerializeWrites(DomainDispatcherApplication(create_backend_app))
-    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler)
+    ssl_context: Any = None
+    if "--tls" in sys.argv[1:]:  # --tls CERT KEY: serve HTTPS with that certificate
+        i = sys.argv.index("--tls")
+        ssl_context = (sys.argv[i + 1], sys.argv[i + 2])
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler,
+                         ssl_context=ssl_context)
     print(f"PORT {server.server_address[1]}", flush=True)
     sys.stdout.flush()
     server.serve_forever()

@@ -170,19 +170,24 @@ def _wait_http(proc: ServerProcess, url: str, deadline: float, ok: Callable[[int
 
 # -- S3 (moto) -----------------------------------------------------------------------------
 class S3Server:
-    """moto's S3 API on 127.0.0.1; use :meth:`storage_options` with s3fs."""
+    """moto's S3 API on 127.0.0.1; use :meth:`storage_options` with s3fs.  ``cafile``: the CA
+    bundle that trusts an HTTPS server's certificate."""
 
-    def __init__(self, proc: ServerProcess, endpoint: str):
+    def __init__(self, proc: ServerProcess, endpoint: str, cafile: str | None = None):
         self.proc = proc
         self.endpoint = endpoint
+        self.cafile = cafile
 
     def storage_options(self) -> dict[str, Any]:
         """fsspec options for ``s3://`` URLs against this server."""
+        client: dict[str, Any] = {"region_name": S3_REGION}
+        if self.cafile:
+            client["verify"] = self.cafile
         return {
             "key": S3_KEY,
             "secret": S3_SECRET,
             "endpoint_url": self.endpoint,
-            "client_kwargs": {"region_name": S3_REGION},
+            "client_kwargs": client,
         }
 
     def env(self) -> dict[str, str]:
@@ -214,10 +219,11 @@ class S3Server:
         self.proc.stop()
 
 
-def start_s3(*, fast_ranges: bool = False) -> S3Server:
+def start_s3(*, fast_ranges: bool = False, tls: tuple[str, str] | None = None) -> S3Server:
     """Start moto's S3 server (see ``moto_main``) and wait until it answers.
 
-    ``fast_ranges``: a ranged GET reads only its range (benchmarks; see ``moto_main``)."""
+    ``fast_ranges``: a ranged GET reads only its range (benchmarks; see ``moto_main``).
+    ``tls``: ``(certificate file, key file)`` to serve HTTPS (see :func:`self_signed_cert`)."""
     try:
         import moto.server  # noqa: F401
         import werkzeug  # noqa: F401
@@ -226,12 +232,73 @@ def start_s3(*, fast_ranges: bool = False) -> S3Server:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     argv = [sys.executable, "-m", "tests.objectstores.moto_main"] + (["--fast-ranges"] if fast_ranges else [])
+    if tls is not None:
+        argv += ["--tls", *tls]
     proc = ServerProcess("moto-s3", argv, cwd=str(REPO), env=env)
     deadline = time.monotonic() + START_TIMEOUT
     port = int(proc.wait_for_line(re.compile(r"^PORT (\d+)$"), deadline).group(1))
-    endpoint = f"http://127.0.0.1:{port}"
-    _wait_http(proc, endpoint + "/", deadline, lambda s: s < 500)
-    return S3Server(proc, endpoint)
+    endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    if tls is None:
+        _wait_http(proc, endpoint + "/", deadline, lambda s: s < 500)
+    else:
+        _wait_tls(proc, port, tls[0], deadline)
+    return S3Server(proc, endpoint, cafile=tls[0] if tls else None)
+
+
+def self_signed_cert(directory: str) -> tuple[str, str]:
+    """A certificate for ``127.0.0.1`` (and ``localhost``) and its key, written as PEM files
+    into ``directory``: ``(certificate path, key path)``.  The certificate is its own CA, so
+    the certificate file also serves as the CA bundle that trusts it."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ocdbt-py test server")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                    x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path = os.path.join(directory, "cert.pem")
+    key_path = os.path.join(directory, "key.pem")
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def _wait_tls(proc: ServerProcess, port: int, cafile: str, deadline: float) -> None:
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=cafile)
+    last = ""
+    while time.monotonic() < deadline:
+        if proc.proc.poll() is not None:
+            raise proc.failure(f"exited with status {proc.proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/", timeout=2, context=ctx) as r:
+                if r.status < 500:
+                    return
+        except urllib.error.HTTPError as e:
+            if e.code < 500:
+                return
+            last = f"HTTP {e.code}"
+        except OSError as e:
+            last = str(e)
+        time.sleep(0.1)
+    raise proc.failure(f"did not answer over TLS within {START_TIMEOUT:.0f} s ({last})")
 
 
 # -- GCS (fake-gcs-server) -----------------------------------------------------------------

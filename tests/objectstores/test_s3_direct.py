@@ -186,3 +186,58 @@ def test_restore_never_builds_the_botocore_client(s3: servers.S3Server, tmp_path
     assert _direct_of(store) is not None
     assert checkpoint.restore(store)["step"] == 3
     assert isinstance(store, S3Store) and store.fs._s3 is None
+
+
+# -- HTTPS -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.S3Server]:
+    """moto over HTTPS with a self-signed certificate for 127.0.0.1."""
+    cert, key = servers.self_signed_cert(str(tmp_path_factory.mktemp("tls")))
+    try:
+        srv = servers.start_s3(tls=(cert, key))
+    except servers.ServerStartError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        srv.make_bucket(BUCKET)
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("own_signing", [True, False])
+def test_https_with_the_servers_ca(tls_server: servers.S3Server, monkeypatch: pytest.MonkeyPatch,
+                                   own_signing: bool) -> None:
+    if not own_signing:
+        monkeypatch.setenv("OCDBT_PY_S3_OWN_SIGNING", "0")
+    url = f"s3://{BUCKET}/tls{next(_n)}"
+    tree = {"w": np.arange(3000, dtype=np.float32), "s": 5}
+    opts = dict(tls_server.storage_options(), skip_instance_cache=True)
+    checkpoint.save(url, tree, storage_options=opts)
+    store = open_kvstore(url, opts)
+    assert (_direct_of(store) is not None) == own_signing
+    assert "manifest.ocdbt" in list(store.list())
+    got = checkpoint.restore(url, storage_options=opts)
+    np.testing.assert_array_equal(got["w"], tree["w"])
+    buf = bytearray(10)
+    data_file = next(k for k in store.list() if k.startswith("d/"))
+    assert store.read_into([(data_file, 0, memoryview(buf))])[0].result() == 10  # threaded reads, TLS
+    assert (_direct_of(store) is not None) == own_signing
+
+
+def test_https_refuses_an_untrusted_certificate(tls_server: servers.S3Server, monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    url = f"s3://{BUCKET}/untrusted{next(_n)}"
+    open_kvstore(url, tls_server.storage_options()).set("k", b"v")
+    other_ca, _ = servers.self_signed_cert(str(tmp_path))  # a CA that did not sign the server's
+    opts = tls_server.storage_options()
+    opts["client_kwargs"] = dict(opts["client_kwargs"], verify=other_ca)
+    opts["skip_instance_cache"] = True
+    store = open_kvstore(url, opts)
+    assert _direct_of(store) is not None
+    with pytest.raises(StorageError, match="(?i)certificate|ssl"):
+        store.get("k")
+    with pytest.raises(StorageError):
+        list(store.list())
+    # never retried without verification: verify=False is the only way to skip it
+    opts["client_kwargs"] = dict(opts["client_kwargs"], verify=False)
+    assert open_kvstore(url, opts).get("k") == b"v"
