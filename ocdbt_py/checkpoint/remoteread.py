@@ -42,6 +42,7 @@ from ocdbt_py.checkpoint.locations import scan_locations
 from ocdbt_py.checkpoint.pages import small_pages
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.futures import all_done
 from ocdbt_py.kvstore.prefixed import PrefixStore
 
 __all__ = ["RemoteLoc", "RemoteSource", "Prefetch", "IN_FLIGHT_BYTES", "MAX_SPAN", "GAP", "fetch_budget"]
@@ -406,24 +407,9 @@ class RemoteSource:
             if len(parts) == 1:
                 decoding[parts[0]] = job
                 return
-            done_all: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            remaining = [len(parts)]
-            lock = threading.Lock()
-
-            def one_done(_f: concurrent.futures.Future[Any]) -> None:
-                with lock:
-                    remaining[0] -= 1
-                    last = remaining[0] == 0
-                if last:
-                    errs = [p.exception() for p in parts if not p.cancelled() and p.exception() is not None]
-                    if errs:
-                        done_all.set_exception(errs[0])
-                    else:
-                        done_all.set_result(None)
-
-            for pf in parts:
-                pf.add_done_callback(one_done)
-            decoding[done_all] = job
+            # the request's buffer is released once all parts are done (the first error, if
+            # any, is raised when this is looked at)
+            decoding[all_done(parts)] = job
 
         try:
             for lo in range(0, len(ready), 256):
@@ -448,7 +434,11 @@ class RemoteSource:
                         submit_decode(self._answers(job, f.result()), job)
                     else:
                         dj = decoding.pop(f)
-                        f.result()
+                        res = f.result()  # raises a single part's error
+                        if isinstance(res, list):  # several parts (all_done): the first error
+                            err = next((r for r in res if isinstance(r, BaseException)), None)
+                            if err is not None:
+                                raise err
                         if dj is not None:
                             held -= dj.nbytes
                             if dj.buf is not None:

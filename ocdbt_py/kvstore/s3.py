@@ -27,12 +27,12 @@ import asyncio
 import concurrent.futures
 import http.client
 import os
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from ocdbt_py.errors import ConditionFailedError, StorageError, UnsupportedError
+from ocdbt_py.kvstore.futures import all_done
 from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings
 from ocdbt_py.kvstore.rangeio import HttpStatusError, shared_reader
 from ocdbt_py.kvstore.s3direct import Fallback, S3Direct
@@ -138,21 +138,7 @@ class S3Store(ObjectStore):
         direct = self._direct
         if direct is None:
             return super()._start_ahead(reqs)
-        parts = [direct.reader.run(self._read_now, k, r) for k, r in reqs]
-        out: concurrent.futures.Future[list[Any]] = concurrent.futures.Future()
-        left = [len(parts)]
-        lock = threading.Lock()
-
-        def one_done(_f: concurrent.futures.Future[Any]) -> None:
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                out.set_result([p.exception() or p.result() for p in parts])
-
-        for p in parts:
-            p.add_done_callback(one_done)
-        return out
+        return all_done([direct.reader.run(self._read_now, k, r) for k, r in reqs])
 
     def _read_now(self, key: str, rng: tuple[int, int]) -> bytes | None:
         """One read on the calling (HTTP) thread: direct, or through s3fs if that gave up."""

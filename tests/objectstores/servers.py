@@ -148,13 +148,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_http(proc: ServerProcess, url: str, deadline: float, ok: Callable[[int], bool]) -> None:
+def _wait_http(proc: ServerProcess, url: str, deadline: float, ok: Callable[[int], bool],
+               context: Any = None) -> None:
     last = ""
     while time.monotonic() < deadline:
         if proc.proc.poll() is not None:
             raise proc.failure(f"exited with status {proc.proc.returncode} before it was ready")
         try:
-            with urllib.request.urlopen(url, timeout=2) as r:
+            with urllib.request.urlopen(url, timeout=2, context=context) as r:
                 if ok(r.status):
                     return
                 last = f"HTTP {r.status}"
@@ -238,10 +239,10 @@ def start_s3(*, fast_ranges: bool = False, tls: tuple[str, str] | None = None) -
     deadline = time.monotonic() + START_TIMEOUT
     port = int(proc.wait_for_line(re.compile(r"^PORT (\d+)$"), deadline).group(1))
     endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
-    if tls is None:
-        _wait_http(proc, endpoint + "/", deadline, lambda s: s < 500)
-    else:
-        _wait_tls(proc, port, tls[0], deadline)
+    import ssl
+
+    context = ssl.create_default_context(cafile=tls[0]) if tls else None
+    _wait_http(proc, endpoint + "/", deadline, lambda s: s < 500, context)
     return S3Server(proc, endpoint, cafile=tls[0] if tls else None)
 
 
@@ -279,26 +280,6 @@ def self_signed_cert(directory: str) -> tuple[str, str]:
     return cert_path, key_path
 
 
-def _wait_tls(proc: ServerProcess, port: int, cafile: str, deadline: float) -> None:
-    import ssl
-
-    ctx = ssl.create_default_context(cafile=cafile)
-    last = ""
-    while time.monotonic() < deadline:
-        if proc.proc.poll() is not None:
-            raise proc.failure(f"exited with status {proc.proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(f"https://127.0.0.1:{port}/", timeout=2, context=ctx) as r:
-                if r.status < 500:
-                    return
-        except urllib.error.HTTPError as e:
-            if e.code < 500:
-                return
-            last = f"HTTP {e.code}"
-        except OSError as e:
-            last = str(e)
-        time.sleep(0.1)
-    raise proc.failure(f"did not answer over TLS within {START_TIMEOUT:.0f} s ({last})")
 
 
 # -- GCS (fake-gcs-server) -----------------------------------------------------------------

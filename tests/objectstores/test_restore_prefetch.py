@@ -18,6 +18,7 @@ from ocdbt_py.checkpoint.remoteread import _claim, _Job
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore import open_kvstore
 from tests.objectstores import servers
+from tests.objectstores.test_checkpoint import _assert_same
 
 BUCKET = "ocdbt-prefetch"
 REPO = Path(__file__).resolve().parents[2]
@@ -64,22 +65,6 @@ class _Spy:
         monkeypatch.setattr(remoteread.RemoteSource, "run", run)
 
 
-def _same(a: Any, b: Any) -> None:
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b)
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b)
-        for x, y in zip(a, b):
-            _same(x, y)
-    elif isinstance(a, np.ndarray):
-        assert isinstance(b, np.ndarray) and a.dtype == b.dtype
-        np.testing.assert_array_equal(a, b)
-    else:
-        assert a == b
-
-
 @pytest.mark.parametrize("version,case", [("orbax-0.11.5", "pytree_ocdbt"), ("orbax-0.11.5", "pytree_zarr3"),
                                           ("orbax-0.9.1", "pytree_ocdbt"), ("orbax-0.5.10", "aggregate")])
 def test_orbax_fixtures_restore_the_same(s3: servers.S3Server, monkeypatch: pytest.MonkeyPatch,
@@ -94,7 +79,7 @@ def test_orbax_fixtures_restore_the_same(s3: servers.S3Server, monkeypatch: pyte
     monkeypatch.setattr(remoteread, "PREFETCH_MIN_FILE", 0)
     spy = _Spy(monkeypatch)
     got = checkpoint.restore(url, storage_options=s3.storage_options())
-    _same(want, got)
+    _assert_same(got, want)
     assert spy.calls and spy.calls[0][0] > 1, "no prefetch was made"
 
 
@@ -121,8 +106,8 @@ def test_saved_checkpoint_with_and_without_prefetch(s3: servers.S3Server, monkey
     got = checkpoint.restore(url, storage_options=s3.storage_options())
     monkeypatch.setenv("OCDBT_PY_PREFETCH", "0")
     plain = checkpoint.restore(url, storage_options=s3.storage_options())
-    _same(tree["params"], got["params"])
-    _same(got, plain)
+    _assert_same(got["params"], tree["params"])
+    _assert_same(plain, got)
     (ranges, held, planned), (ranges_off, held_off, planned_off) = spy.calls
     assert ranges > 1 and held > 0  # the prefetch was made and used
     assert planned > 0  # straddling values (and, with a small budget, the rest) fetched as usual
