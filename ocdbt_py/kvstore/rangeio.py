@@ -21,10 +21,14 @@ import threading
 import urllib.parse
 from typing import Any
 
-__all__ = ["HttpRangeReader", "HttpStatusError", "shared_reader"]
+__all__ = ["HttpRangeReader", "HttpStatusError", "TlsVerifyError", "shared_reader"]
 
 #: Bytes kept from an error response's body (for the message).
 _ERROR_BODY = 2048
+
+
+class TlsVerifyError(Exception):
+    """The server's TLS certificate did not verify (not a transient failure: never retried)."""
 
 
 class HttpStatusError(Exception):
@@ -112,6 +116,9 @@ class HttpRangeReader:
             try:
                 conn.request(method, target, headers=headers)
                 return conn, conn.getresponse()
+            except ssl.SSLCertVerificationError as e:
+                conn.close()
+                raise TlsVerifyError(f"TLS certificate of {u.hostname} did not verify: {e.verify_message}") from e
             except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest,
                     http.client.ResponseNotReady, TimeoutError):
                 conn.close()

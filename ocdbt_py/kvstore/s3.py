@@ -34,7 +34,7 @@ from typing import Any
 from ocdbt_py.errors import ConditionFailedError, StorageError, UnsupportedError
 from ocdbt_py.kvstore.futures import all_done
 from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings
-from ocdbt_py.kvstore.rangeio import HttpStatusError, shared_reader
+from ocdbt_py.kvstore.rangeio import HttpStatusError, TlsVerifyError, shared_reader
 from ocdbt_py.kvstore.s3direct import Fallback, S3Direct
 
 __all__ = ["S3Store"]
@@ -42,6 +42,11 @@ __all__ = ["S3Store"]
 _CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "412", "409"}
 _UNSUPPORTED_CODES = {"NotImplemented", "501"}
 
+
+#: errors of the threaded/direct HTTP path that s3fs's client (which retries) gets a go at:
+#: refused, reset, cut short or timed out connections.  A certificate that does not verify
+#: (:class:`~ocdbt_py.kvstore.rangeio.TlsVerifyError`) is an error at once.
+_TRANSIENT = (OSError, http.client.HTTPException)
 
 #: largest whole object one GET reads through the direct path (its declared length is checked)
 _MAX_OBJECT = 1 << 40
@@ -149,6 +154,8 @@ class S3Store(ObjectStore):
                 return direct.get(bucket, name, rng[0], rng[1], max_body=_MAX_OBJECT)
             except Fallback:
                 self._direct_failed()
+            except _TRANSIENT:
+                pass  # this read again through s3fs, whose client retries
         return self._run(self._read(key, rng))
 
     def _find(self, base: str) -> list[tuple[str, int | None]]:
@@ -159,6 +166,8 @@ class S3Store(ObjectStore):
                 found = direct.reader.run(direct.list, bucket, name.rstrip("/") + "/" if name else "").result()
             except Fallback:
                 self._direct_failed()
+            except _TRANSIENT:
+                pass  # this listing again through s3fs, whose client retries
             else:
                 return [(f"{bucket}/{k}", size) for k, size in found if not k.endswith("/")]
         return super()._find(base)
@@ -171,6 +180,8 @@ class S3Store(ObjectStore):
                 return got
             except Fallback:
                 self._direct_failed()
+            except _TRANSIENT:
+                pass  # this read again through s3fs, whose client retries
         kw: dict[str, str] = {}
         if start < 0:
             kw["Range"] = f"bytes={start}"
@@ -314,8 +325,10 @@ class S3Store(ObjectStore):
                 self._direct_failed()
                 return self._run(self._read_into_async(key, start, buf))
             raise self._fail("reading", key, e) from e
-        except (OSError, http.client.HTTPException) as e:  # refused, reset, cut short, timed out
+        except TlsVerifyError as e:
             raise self._fail("reading", key, e) from e
+        except _TRANSIENT:  # refused, reset, cut short, timed out: once more through s3fs (it retries)
+            return self._run(self._read_into_async(key, start, buf))
 
     async def _object_size(self, bucket: str, name: str) -> int | None:
         if self._direct is not None:
@@ -324,6 +337,8 @@ class S3Store(ObjectStore):
                 return size
             except Fallback:
                 self._direct_failed()
+            except _TRANSIENT:
+                pass  # this request again through s3fs, whose client retries
         try:
             resp = await self.fs._call_s3("head_object", Bucket=bucket, Key=name)
         except FileNotFoundError:

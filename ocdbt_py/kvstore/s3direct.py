@@ -85,6 +85,9 @@ def _aws_config_exists(env: Mapping[str, str]) -> bool:
 class S3Direct:
     """Signed reads of one S3 endpoint: object URLs, GET (whole or a range), HEAD, listing."""
 
+    #: keys asked for per listing page (S3 never gives more than 1000)
+    page_keys = 1000
+
     def __init__(self, reader: HttpRangeReader, creds: Credentials | None, region: str,
                  endpoint: str | None, *, virtual: bool):
         self.reader = reader
@@ -260,7 +263,8 @@ class S3Direct:
         out: list[tuple[str, int]] = []
         token: str | None = None
         for _ in range(MAX_LISTING_PAGES):
-            q = [("list-type", "2"), ("encoding-type", "url"), ("prefix", prefix)]
+            q = [("list-type", "2"), ("encoding-type", "url"), ("prefix", prefix),
+                 ("max-keys", str(self.page_keys))]
             if token is not None:
                 q.append(("continuation-token", token))
             url = f"{base}{pre}/?" + "&".join(f"{k}={uri_encode(v, keep_slash=False)}" for k, v in q)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from ocdbt_py import checkpoint
+from ocdbt_py.checkpoint.layout import Listing
 from ocdbt_py.errors import StorageError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.s3 import S3Store
@@ -161,15 +162,17 @@ def s3(s3_server: servers.S3Server) -> servers.S3Server:
     return s3_server
 
 
-def test_listing_follows_continuation_pages(s3: servers.S3Server) -> None:
+def test_listing_follows_continuation_pages(s3: servers.S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
     import s3fs
 
     root = f"{BUCKET}/many{next(_n)}"
     fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3.storage_options())
-    fs.pipe({f"{root}/k{i:05d}": b"x" for i in range(1203)})  # moto pages at 1000 keys
+    fs.pipe({f"{root}/k {i:03d}+": b"x" * i for i in range(123)})
+    monkeypatch.setattr(S3Direct, "page_keys", 10)  # 13 pages
     store = open_kvstore(f"s3://{root}", s3.storage_options())
-    assert list(store.list()) == [f"k{i:05d}" for i in range(1203)]
+    assert list(store.list()) == [f"k {i:03d}+" for i in range(123)]
     assert _direct_of(store) is not None
+    assert Listing.of(store).sizes == {f"k {i:03d}+": i for i in range(123)}
 
 
 def test_restore_never_builds_the_botocore_client(s3: servers.S3Server, tmp_path: Path) -> None:
@@ -241,3 +244,30 @@ def test_https_refuses_an_untrusted_certificate(tls_server: servers.S3Server, mo
     # never retried without verification: verify=False is the only way to skip it
     opts["client_kwargs"] = dict(opts["client_kwargs"], verify=False)
     assert open_kvstore(url, opts).get("k") == b"v"
+
+
+def test_a_dropped_connection_is_retried_through_s3fs(s3: servers.S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ocdbt_py.kvstore import rangeio
+
+    url = f"s3://{BUCKET}/flaky{next(_n)}"
+    open_kvstore(url, s3.storage_options()).set("k", bytes(range(200)))
+    store = open_kvstore(url, dict(s3.storage_options(), skip_instance_cache=True))
+    assert _direct_of(store) is not None
+    failures = {"request": 1, "read_into": 1}
+
+    def flaky(name: str, real: Any) -> Any:
+        def call(*a: Any, **k: Any) -> Any:
+            if failures[name]:
+                failures[name] -= 1
+                raise ConnectionResetError("connection reset by peer (injected)")
+            return real(*a, **k)
+        return call
+
+    monkeypatch.setattr(rangeio.HttpRangeReader, "request", flaky("request", rangeio.HttpRangeReader.request))
+    monkeypatch.setattr(rangeio.HttpRangeReader, "read_into", flaky("read_into", rangeio.HttpRangeReader.read_into))
+    assert store.get("k", (10, 20)) == bytes(range(10, 20))  # the reset read, done again by s3fs
+    buf = bytearray(5)
+    assert store.read_into([("k", 3, memoryview(buf))])[0].result() == 5 and bytes(buf) == bytes(range(3, 8))
+    assert failures == {"request": 0, "read_into": 0}
+    assert _direct_of(store) is not None  # a dropped connection does not turn the direct path off
+    assert store.get("k") == bytes(range(200))
