@@ -5,15 +5,21 @@ existing database (with numbered-manifest pruning), a :class:`~ocdbt_py.faults.F
 makes each step of the commit raise, kill the process, or (for data-file writes) leave a torn
 file and kill the process.  Afterwards the database must read as the last committed version
 (the old one if the failure came before the manifest write, the new one after), ``verify``
-must pass, and the next commit must succeed.
+must pass, and the next commit must succeed.  ``raise`` scenarios run in this process; those
+that end the process run in a scenario server started as a fresh, single-threaded interpreter
+(see ``tests/ocdbt_write/_crash_child.py``), never in a copy of this multi-threaded process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,23 +27,18 @@ import ocdbt_py
 from ocdbt_py.faults import KILL_STATUS, FaultyStore, InjectedFault
 from ocdbt_py.kvstore import LocalStore
 from ocdbt_py.version_read import MANIFEST_KEY
+from tests.ocdbt_write._crash_child import NEW as _NEW
+from tests.ocdbt_write._crash_child import RESULT_PREFIX, SERVER_SUPPORTED, scenario_line
+from tests.ocdbt_write._crash_child import commit as _commit
+from tests.ocdbt_write._crash_child import config as _config
 from tests.ocdbt_write.helpers import assert_verified
 
 Model = dict[bytes, bytes]
 
-_NEW: Model = {b"new/%d" % i: b"v%d" % i * (i * 40) for i in range(6)}
-
-
-def _config(kind: str) -> dict[str, Any]:
-    return {"manifest_kind": kind, "version_tree_arity_log2": 2, "max_inline_value_bytes": 50}
-
-
-def _commit(store: Any, kind: str) -> None:
-    db = ocdbt_py.open(store, mode="a", config=_config(kind))
-    with db.transaction() as t:
-        for k, v in _NEW.items():
-            t.put(k, v)
-        t.delete(b"old/0")
+#: The repository root: the scenario server runs ``python -m tests.ocdbt_write._crash_child`` from it.
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+#: How long the scenario server may take before the test fails (a hang must not stall CI).
+_SERVER_TIMEOUT = 300.0
 
 
 def _prepare(path: Path, kind: str, existing: bool) -> Model:
@@ -73,17 +74,65 @@ def _initial_point(log: list[tuple[str, str]], kind: str) -> int:
     return min(i for i, (op, k) in enumerate(log) if op == "set_if" and k == key)
 
 
-def _run_in_child(path: Path, kind: str, step: int, action: str) -> int:
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        code = 0
+class _ScenarioServer:
+    """A scenario server: ``python -m tests.ocdbt_write._crash_child serve`` in a fresh interpreter.
+
+    A new interpreter, not a copy of this multi-threaded process; it runs each scenario in a
+    copy of itself, one at a time.  It starts at once (its start-up overlaps the caller's
+    preparations); it takes its scenarios, all together, in :meth:`submit` and works on them
+    while the caller goes on; :meth:`results` waits for them.
+    """
+
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.ocdbt_write._crash_child", "serve"],
+            cwd=_REPO_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, start_new_session=True,
+        )  # fmt: skip
+        self.submitted = 0
+
+    def submit(self, scenarios: Sequence[tuple[Path, str, int, str]]) -> None:
+        """Hand over every ``(path, kind, step, action)`` scenario; the server starts on them."""
+        assert self.proc.stdin is not None
+        self.submitted = len(scenarios)
         try:
-            _commit(FaultyStore(LocalStore(path), fail_at=step, action=action), kind)
-        except BaseException:
-            code = 3
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+            self.proc.stdin.write("".join(scenario_line(*s) for s in scenarios))
+            self.proc.stdin.flush()  # ``results`` closes it: the end of the scenarios
+        except BrokenPipeError:  # the server already ended; ``results`` says why
+            pass
+
+    def results(self) -> tuple[list[int], str]:
+        """Wait for the submitted scenarios; their exit statuses in order, and the server's stderr."""
+        try:
+            out, err = self.proc.communicate(timeout=_SERVER_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            out, err = self.proc.communicate()
+            pytest.fail(f"crash scenario server hung\n{err}")
+        assert self.proc.returncode == 0, (self.proc.returncode, err)
+        codes = [int(line[len(RESULT_PREFIX) :]) for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
+        assert len(codes) == self.submitted, (out, err)
+        return codes, err
+
+    def kill(self) -> None:
+        """End the server and the scenario it may be running, if still alive."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@contextlib.contextmanager
+def _scenario_server() -> Iterator[_ScenarioServer]:
+    server = _ScenarioServer()
+    try:
+        yield server
+    finally:
+        server.kill()
+        for stream in (server.proc.stdin, server.proc.stdout, server.proc.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def _check(path: Path, kind: str, want: Model, gen: int) -> None:
@@ -98,10 +147,15 @@ def _check(path: Path, kind: str, want: Model, gen: int) -> None:
     assert_verified(path)
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.skipif(not SERVER_SUPPORTED, reason="no scenario server on this platform")
 @pytest.mark.parametrize("existing", [False, True], ids=["first_commit", "existing_db"])
 @pytest.mark.parametrize("kind", ["single", "numbered"])
 def test_failure_at_every_step(tmp_path: Path, kind: str, existing: bool) -> None:
+    with _scenario_server() as server:
+        _failure_at_every_step(server, tmp_path, kind, existing)
+
+
+def _failure_at_every_step(server: _ScenarioServer, tmp_path: Path, kind: str, existing: bool) -> None:
     template = tmp_path / "template"
     model = _prepare(template, kind, existing)
     old_gen = ocdbt_py.open(template).generation if existing else 0
@@ -120,9 +174,19 @@ def test_failure_at_every_step(tmp_path: Path, kind: str, existing: bool) -> Non
         assert "delete" in ops  # pruning is among the steps
     cases = [(s, a) for s in range(len(log)) for a in ("raise", "kill")]
     cases += [(s, "torn") for s, (op, _) in enumerate(log) if op == "set"]
+    # the scenarios that end the process go to the scenario server; "raise" runs in-process
+    killed = [(step, action) for step, action in cases if action != "raise"]
+    dirs = {(step, action): tmp_path / f"s{step}-{action}" for step, action in cases}
+    for case in killed:
+        shutil.copytree(template, dirs[case])
+    server.submit([(dirs[case], kind, *case) for case in killed])
+    for case in cases:
+        if case[1] == "raise":
+            shutil.copytree(template, dirs[case])
+    codes, err = server.results()
+    outcomes = dict(zip(killed, codes))
     for step, action in cases:
-        d = tmp_path / f"s{step}-{action}"
-        shutil.copytree(template, d)
+        d = dirs[step, action]
         if action == "raise":
             try:
                 _commit(FaultyStore(LocalStore(d), fail_at=step, action="raise"), kind)
@@ -132,8 +196,8 @@ def test_failure_at_every_step(tmp_path: Path, kind: str, existing: bool) -> Non
             # a failed delete while pruning old manifests is ignored; everything else surfaces
             assert raised or log[step][0] == "delete", (step, log[step])
         else:
-            code = _run_in_child(d, kind, step, action)
-            assert code == KILL_STATUS, (step, action, code)
+            code = outcomes[step, action]
+            assert code == KILL_STATUS, (step, action, code, err)
         committed = step > point
         if not existing and not committed and step > _initial_point(log, kind):
             # the initial manifest (empty generation 1) was already written
