@@ -13,7 +13,12 @@ V = TypeVar("V")
 
 
 class LruCache(Generic[V]):
-    """Keeps the most recently used entries while their total weight is at most ``capacity``."""
+    """Keeps the most recently used entries while their total weight is at most ``capacity``.
+
+    Weights are the caller's estimate of each entry's memory, so ``capacity`` bounds what
+    the cache keeps alive.  An entry heavier than the whole capacity is not kept (it would
+    have to evict everything else and still exceed the bound); a capacity of 0 caches nothing.
+    """
 
     def __init__(self, capacity: int):
         self.capacity = capacity
@@ -31,7 +36,8 @@ class LruCache(Generic[V]):
             return item[0]
 
     def put(self, key: Hashable, value: V, weight: int) -> None:
-        """Insert ``value``; entries heavier than the whole capacity are not kept."""
+        """Insert ``value`` as the most recently used entry, evicting the least recently used
+        ones beyond the capacity; entries heavier than the whole capacity are not kept."""
         if weight > self.capacity:
             return
         with self._lock:
@@ -43,6 +49,19 @@ class LruCache(Generic[V]):
             while self._weight > self.capacity:
                 _, (_, w) = self._data.popitem(last=False)
                 self._weight -= w
+
+    @property
+    def weight(self) -> int:
+        """Total weight of the entries held now (at most ``capacity``)."""
+        return self._weight
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def entries(self) -> list[tuple[Hashable, V, int]]:
+        """A snapshot of ``(key, value, weight)``, least recently used first."""
+        with self._lock:
+            return [(k, v, w) for k, (v, w) in self._data.items()]
 
     def clear(self) -> None:
         """Drop every entry."""

@@ -10,14 +10,14 @@ from collections.abc import Sequence
 
 from ocdbt_py.cache import LruCache
 from ocdbt_py.errors import CorruptionError, InvalidKeyError
-from ocdbt_py.format.btree import BtreeNode, decode_btree_node
+from ocdbt_py.format.btree import BtreeNode, decode_btree_node, node_nbytes
 from ocdbt_py.format.config import Config
 from ocdbt_py.format.data_file_table import DataFileId, IndirectDataReference
 from ocdbt_py.format.version_tree import VersionTreeNode, decode_version_tree_node
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.keys import validate_key
 
-__all__ = ["NodeReader", "node_body_limit"]
+__all__ = ["NodeReader", "node_body_limit", "version_node_nbytes"]
 
 _HARD_NODE_LIMIT = 1 << 30
 _VERSION_NODE_LIMIT = 64 << 20
@@ -26,6 +26,11 @@ _VERSION_NODE_LIMIT = 64 << 20
 _COALESCE_VALUE = 1 << 20
 _COALESCE_GAP = 64 << 10
 _COALESCE_MAX = 16 << 20
+#: Memory of a decoded version-tree node (CPython, 64-bit): the node, and per entry a frozen
+#: dataclass (generation or node reference) with its root reference, statistics, ints and
+#: data file id (each generation's root usually lies in a file of its own).
+_VERSION_NODE_BYTES = 512
+_VERSION_ENTRY_BYTES = 640
 
 
 def node_body_limit(config: Config) -> int:
@@ -148,7 +153,13 @@ class NodeReader:
             raise CorruptionError(
                 f"b+tree node has height {node.height}, its parent expects {height}", path=key, offset=ref.offset
             )
-        self.cache.put(("b", ref), node, ref.length + 64 * len(node.keys))
+        # Weighed by the memory the decoded node holds (not its stored, often zstd-compressed
+        # length), so the cache's capacity bounds what it keeps alive.  A leaf that has only
+        # been listed still holds its decoded body and builds its value objects on first use;
+        # it is weighed by the larger of the two states up front (O(1) at decode time), which
+        # stays a bound whatever is read later and needs no re-weighing on materialisation
+        # (a listed-only leaf of out-of-line values is over-counted up to about 2x).
+        self.cache.put(("b", ref), node, node_nbytes(node))
         return node
 
     def _check_length(self, ref: IndirectDataReference) -> None:
@@ -222,5 +233,10 @@ class NodeReader:
                 offset=ref.offset,
             )
         if hit is None:
-            self.cache.put(("v", ref), node, ref.length + 256)
+            self.cache.put(("v", ref), node, version_node_nbytes(node))
         return node
+
+
+def version_node_nbytes(node: VersionTreeNode) -> int:
+    """Estimated bytes of memory a decoded version-tree node holds (its cache weight)."""
+    return _VERSION_NODE_BYTES + _VERSION_ENTRY_BYTES * (len(node.versions) + len(node.children))

@@ -32,6 +32,8 @@ __all__ = [
     "BtreeNode",
     "PrefixedKeys",
     "decode_btree_node",
+    "node_nbytes",
+    "list_leaf_nbytes",
     "encode_leaf_node",
     "encode_interior_node",
     "MAX_NODE_ENTRIES",
@@ -60,6 +62,9 @@ class LeafNode:
     keys: Sequence[bytes]
     values: Sequence[bytes | IndirectDataReference]
     height: int = 0
+    #: Estimated bytes of memory the node holds, set by the decoder (``-1``: not known yet;
+    #: see :func:`node_nbytes`).
+    nbytes: int = dataclasses.field(default=-1, compare=False, repr=False)
 
 
 @dataclasses.dataclass
@@ -74,6 +79,8 @@ class InteriorNode:
     keys: Sequence[bytes]
     subtree_prefix_lengths: list[int]
     children: list[BtreeChild]
+    #: As :attr:`LeafNode.nbytes`.
+    nbytes: int = dataclasses.field(default=-1, compare=False, repr=False)
 
 
 BtreeNode = Union[LeafNode, InteriorNode]
@@ -207,6 +214,136 @@ class _LeafValues(Sequence[Union[bytes, IndirectDataReference]]):
     def __repr__(self) -> str:
         return repr(self._values())
 
+    def nbytes(self) -> int:
+        """Estimated bytes of memory these values hold at most (see :func:`node_nbytes`).
+
+        Until first use they keep the decoded node body, from then on the value objects
+        instead: the estimate is the larger of the two (plus the columns, kept throughout),
+        so a cached node's weight need not change when its values are built.  O(1) for the
+        NumPy columns of large nodes.
+        """
+        # read the body before the list, as _values() does
+        data = self._inline
+        built = self._list
+        n = len(self._lengths)
+        m = len(self._fids)
+        out = (
+            _VALUES_OBJECT + _column_nbytes(self._lengths) + _BYTES + n
+            + _column_nbytes(self._fids) + _column_nbytes(self._offsets) + _files_nbytes(self._files, True)
+        )
+        if data is None:
+            assert built is not None
+            return out + _values_nbytes(built)
+        # the inline values fill the body from _start to its end
+        inline_total = len(data) - self._start
+        # (references count ints of their own: those built from NumPy columns have them)
+        return out + max(_buffer_nbytes(data), _value_list_nbytes(n, inline_total, m))
+
+
+# -- memory estimates ---------------------------------------------------------------------
+# What the objects of a decoded node cost in CPython (64-bit), allocator rounding included;
+# the node cache weighs nodes by these (node_nbytes).
+_PTR = 8  # a list slot
+_LIST = 64  # a list's header
+_BYTES = 48  # a bytes object beyond its data (33-byte header, rounded up)
+_INT = 32  # an int outside the small-int cache (beyond 256)
+_REF = 64  # a 3-tuple: IndirectDataReference, Statistics
+_VIEW = 192  # a memoryview
+_ARRAY = 112  # a NumPy array's header
+_NODE_OBJECT = 352  # a LeafNode / InteriorNode with an attribute dict (3.11+ may not build it)
+_VALUES_OBJECT = 128  # a _LeafValues and its start offset
+_PREFIXED = 64  # a PrefixedKeys
+#: An interior node's child: list slot, BtreeChild, reference, Statistics, and five ints
+#: (location offset and length, the three counts; small counts are shared, so this is a bound).
+_CHILD = _PTR + 64 + _REF + _REF + 5 * _INT
+#: A DataFileId (a 2-tuple and its two paths), beyond the paths' data.
+_FILE = 64 + 2 * _BYTES
+
+
+def _buffer_nbytes(data: bytes | memoryview) -> int:
+    """Memory ``data`` keeps alive: a view keeps all of the object it views."""
+    if isinstance(data, memoryview):
+        owner = data.obj
+        size = len(owner) if isinstance(owner, bytes) else memoryview(owner).nbytes
+        return _VIEW + _BYTES + size
+    return _BYTES + len(data)
+
+
+def _column_nbytes(column: list[int] | np.ndarray) -> int:
+    """A list of ints (with the ints beyond CPython's small-int cache) or a NumPy column."""
+    if isinstance(column, list):
+        big = sum(map((256).__lt__, column)) if column and max(column) > 256 else 0
+        return _LIST + len(column) * _PTR + _INT * big
+    return _ARRAY + int(column.nbytes)
+
+
+def _files_nbytes(files: Sequence[DataFileId], as_list: bool) -> int:
+    """The data file ids of a node's table (in a list of their own if ``as_list``)."""
+    out = sum(_FILE + len(f.base_path) + len(f.relative_path) for f in files)
+    return out + _LIST + len(files) * _PTR if as_list else out
+
+
+def _keys_nbytes(keys: Sequence[bytes], key_bytes: int | None) -> int:
+    """A node's keys, ``key_bytes`` long in all (``None``: measured here, in one pass)."""
+    out = _LIST + len(keys) * (_PTR + _BYTES)
+    if isinstance(keys, PrefixedKeys):
+        out += _PREFIXED + _BYTES + len(keys.prefix)
+        keys = keys.rest
+    return out + (sum(map(len, keys)) if key_bytes is None else key_bytes)
+
+
+def _value_list_nbytes(n: int, inline_bytes: int, refs: int) -> int:
+    """A list of ``n`` leaf values: ``refs`` references, the others ``inline_bytes`` of bytes."""
+    return _LIST + n * _PTR + (n - refs) * _BYTES + inline_bytes + refs * (_REF + 2 * _INT)
+
+
+def _values_nbytes(values: Sequence[bytes | IndirectDataReference]) -> int:
+    """A plain list of leaf values (bytes or references), one pass over it."""
+    inline = refs = 0
+    for v in values:
+        if isinstance(v, bytes):
+            inline += len(v)
+        else:
+            refs += 1
+    return _value_list_nbytes(len(values), inline, refs)
+
+
+def list_leaf_nbytes(n: int, key_bytes: int, inline_bytes: int, refs: int) -> int:
+    """:func:`node_nbytes` of a :class:`LeafNode` of plain lists, from its sizes alone.
+
+    ``n`` entries whose keys are ``key_bytes`` long in all, ``refs`` of whose values are
+    references and the others ``inline_bytes`` of bytes in all.  The writer sizes the nodes it
+    builds with this from the columns it has at hand (a pass over a node's key and value
+    objects would cost a cache miss each).
+    """
+    return _NODE_OBJECT + _LIST + n * (_PTR + _BYTES) + key_bytes + _value_list_nbytes(n, inline_bytes, refs)
+
+
+def node_nbytes(node: BtreeNode) -> int:
+    """Estimated bytes of memory ``node`` holds: its keys, values or children, and columns.
+
+    A leaf decoded by :func:`decode_btree_node` counts the larger of its two states (the
+    decoded body it keeps until its values are first used, or the value objects built
+    then), so the estimate stays a bound for the node's lifetime.  Decoded nodes carry the
+    estimate (:attr:`LeafNode.nbytes`, computed in O(1) from what the decoder measured), as
+    do the leaves the writer builds (:func:`list_leaf_nbytes`); other nodes are measured in
+    one pass, without their data file ids (those of built nodes are the writer's, shared).
+    """
+    if node.nbytes >= 0:
+        return node.nbytes
+    return _node_nbytes(node, None, ())
+
+
+def _node_nbytes(node: BtreeNode, key_bytes: int | None, files: Sequence[DataFileId]) -> int:
+    out = _NODE_OBJECT + _keys_nbytes(node.keys, key_bytes)
+    if isinstance(node, LeafNode):
+        values = node.values
+        return out + (values.nbytes() if isinstance(values, _LeafValues) else _values_nbytes(values))
+    n = len(node.children)
+    return (
+        out + _column_nbytes(node.subtree_prefix_lengths) + _LIST + n * _CHILD + _files_nbytes(files, False)
+    )
+
 
 #: Keys are materialised as a plain list unless that would repeat more than this many bytes
 #: (or four times the node's size budget, if larger) of the node-wide common prefix.
@@ -228,8 +365,13 @@ _FREE_FILL_COLUMNS = 8
 _BLOCK_BYTES = 64 << 10
 
 
-def _read_keys(r: Reader, n: int, interior: bool, max_key_bytes: int) -> tuple[Sequence[bytes], list[int]]:
+def _read_keys(
+    r: Reader, n: int, interior: bool, max_key_bytes: int, sizes: list[int] | None = None
+) -> tuple[Sequence[bytes], list[int]]:
     """Read the key columns; keys are relative to the node's implicit prefix.
+
+    If ``sizes`` is given, the total length of the keys as returned (the bytes objects,
+    without a :class:`PrefixedKeys` prefix) is appended to it.
 
     As in TensorStore, the bytes held for the keys are bounded without repeating the common
     prefix of all keys: ``common + sum(len(key) - common)`` must not exceed ``max_key_bytes``
@@ -241,14 +383,16 @@ def _read_keys(r: Reader, n: int, interior: bool, max_key_bytes: int) -> tuple[S
     """
     if n >= _VECTOR_ENTRIES:
         start = r.pos
-        out = _read_keys_numpy(r, n, interior, max_key_bytes)
+        out = _read_keys_numpy(r, n, interior, max_key_bytes, sizes)
         if out is not None:
             return out
         r.pos = start
-    return _read_keys_loop(r, n, interior, max_key_bytes)
+    return _read_keys_loop(r, n, interior, max_key_bytes, sizes)
 
 
-def _read_keys_loop(r: Reader, n: int, interior: bool, max_key_bytes: int) -> tuple[Sequence[bytes], list[int]]:
+def _read_keys_loop(
+    r: Reader, n: int, interior: bool, max_key_bytes: int, sizes: list[int] | None = None
+) -> tuple[Sequence[bytes], list[int]]:
     """:func:`_read_keys`, one key at a time (each key is the previous one's prefix plus its suffix)."""
     prefix = r.varint_column(n - 1, MAX_KEY_LENGTH, "key prefix length")
     ppos = r.pos
@@ -303,13 +447,16 @@ def _read_keys_loop(r: Reader, n: int, interior: bool, max_key_bytes: int) -> tu
         for i in range(n):
             if scp[i] > drop + len(keys[i]):
                 raise r.error(f"entry {i}: subtree common prefix length exceeds its key length", ppos)
+    if sizes is not None:
+        # sum(prefix) + total is the keys' full length
+        sizes.append(held + common * (n - 1) - drop * n)
     if compact:
         return PrefixedKeys(blob[:common], keys), scp
     return keys, scp
 
 
 def _read_keys_numpy(
-    r: Reader, n: int, interior: bool, max_key_bytes: int
+    r: Reader, n: int, interior: bool, max_key_bytes: int, sizes: list[int] | None = None
 ) -> tuple[Sequence[bytes], list[int]] | None:
     """:func:`_read_keys` for ``n >= 2`` keys at once with NumPy; ``None`` to use the loop.
 
@@ -459,6 +606,8 @@ def _read_keys_numpy(
         if bad.any():
             raise r.error(f"entry {int(np.argmax(bad))}: subtree common prefix length exceeds its key length", ppos)
         scp_list = scp.tolist()
+    if sizes is not None:
+        sizes.append(held + common * (n - 1) - drop * n)
     if compact:
         return PrefixedKeys(key_bytes[:common].tobytes(), keys), scp_list
     return keys, scp_list
@@ -576,7 +725,8 @@ def decode_btree_node(
         raise r.error(f"b+tree node has {n} entries (> {MAX_NODE_ENTRIES})", npos)
     if 2 * n - 1 > r.remaining():
         raise r.error(f"b+tree node claims {n} entries but only {r.remaining()} bytes remain", npos)
-    keys, scp = _read_keys(r, n, height > 0, max_body)
+    sizes: list[int] = []
+    keys, scp = _read_keys(r, n, height > 0, max_body, sizes)
     node: BtreeNode
     if height == 0:
         values = _read_leaf_values(r, n, files, body)
@@ -597,6 +747,7 @@ def decode_btree_node(
             children.append(BtreeChild(loc, Statistics(nkeys[i], ntree[i], nind[i])))
         node = InteriorNode(height, keys, scp, children)
     r.expect_end("b+tree node")
+    node.nbytes = _node_nbytes(node, sizes[0], files)
     return node
 
 

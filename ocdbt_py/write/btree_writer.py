@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Callable
 
 from ocdbt_py.errors import CorruptionError
-from ocdbt_py.format.btree import BtreeChild, BtreeNode, InteriorNode, LeafNode
+from ocdbt_py.format.btree import BtreeChild, BtreeNode, InteriorNode, LeafNode, node_nbytes
 from ocdbt_py.format.config import Config
 from ocdbt_py.format.data_file_table import IndirectDataReference, Statistics
 from ocdbt_py.node_reader import NodeReader
@@ -69,7 +69,7 @@ class TreeWriter:
         self._remember = self._cache_node if cache_new_nodes else None
 
     def _cache_node(self, loc: IndirectDataReference, node: BtreeNode) -> None:
-        self.reader.cache.put(("b", loc), node, loc.length + 64 * len(node.keys))
+        self.reader.cache.put(("b", loc), node, node_nbytes(node))
 
     # -- encoding ------------------------------------------------------------------------
     def _leaves(self, keys: list[bytes], values: list[LeafValue], may_be_root: bool) -> list[NewChild]:

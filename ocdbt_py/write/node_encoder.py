@@ -16,7 +16,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Union
 
-from ocdbt_py.format.btree import MAX_NODE_ENTRIES, BtreeChild, BtreeNode, InteriorNode, LeafNode
+from ocdbt_py.format.btree import MAX_NODE_ENTRIES, BtreeChild, BtreeNode, InteriorNode, LeafNode, list_leaf_nbytes
 from ocdbt_py.format.data_file_table import (
     DataFileId,
     IndirectDataReference,
@@ -340,6 +340,10 @@ def encode_leaf_level(
             node = LeafNode(
                 [k[x:] for k in keys[s:e]] if x else list(keys[s:e]),
                 [bytes(v) if type(v) is memoryview else v for v in vals] if any_view else list(vals),
+            )
+            # its memory (the cache weight), from the length columns
+            node.nbytes = list_leaf_nbytes(
+                e - s, sum(klens[s:e]) - x * (e - s), sum(vlens[s:e]) - sum(r.length for r in refs), len(refs)
             )
             remember(loc, node)
     return out
