@@ -9,15 +9,15 @@ are not on the local filesystem the reader
 * sorts the chunks of *all* requested arrays by data file and offset and merges neighbours
   (at most :data:`GAP` bytes apart, up to :data:`MAX_SPAN` bytes per request) into few large
   ranged reads, whatever array each chunk belongs to,
-* keeps requests in flight until :data:`IN_FLIGHT_BYTES` of fetched-but-not-yet-decoded bytes
-  are outstanding (a byte budget, not a CPU count: a 2-core client can wait on dozens of
-  requests), and
+* keeps requests in flight until :func:`fetch_budget` bytes (64 MiB, more for large reads) of
+  fetched-but-not-yet-decoded bytes are outstanding (a byte budget, not a CPU count: a
+  2-core client can wait on dozens of requests), and
 * hands each range to the decode workers as soon as it arrives, so decoding overlaps the
   transfer of the rest.
 
 A whole-item restore need not wait for the B+tree to start moving data: every chunk of the item
 will be read, and they lie in the data files the directory listing named (with their sizes).
-:class:`Prefetch` requests the first :data:`IN_FLIGHT_BYTES` of them straight after the
+:class:`Prefetch` requests the first budget's worth of them straight after the
 listing, while the B+tree and the Zarr metadata are read and parsed; the plan then assigns the
 values that fall inside those requests to them and fetches only the rest.
 
@@ -50,6 +50,10 @@ __all__ = ["RemoteLoc", "RemoteSource", "Prefetch", "IN_FLIGHT_BYTES", "MAX_SPAN
 #: Fetched bytes (compressed, not yet decoded) held at a time; ``OCDBT_PY_FETCH_BYTES``
 #: overrides it.  This, not the CPU count, sets how many requests are in flight.
 IN_FLIGHT_BYTES = 64 << 20
+#: ... and for reads of more than 8 times that, up to an eighth of the read, at most this.
+#: (1 GiB restored from the benchmark's S3 server: 0.56x / 0.75x TensorStore's time without
+#: / with 20 ms latency at 128 MiB, 0.61x / 0.81x at 64 MiB; peak RSS 1.21x vs 1.17x.)
+MAX_IN_FLIGHT_BYTES = 128 << 20
 #: Neighbouring values of one data file at most this far apart are fetched with one request
 #: (skipped bytes cost less than a round trip)...
 GAP = 1 << 20
@@ -86,15 +90,18 @@ def _io() -> concurrent.futures.ThreadPoolExecutor:
         return _io_pool
 
 
-def fetch_budget() -> int:
-    """The in-flight byte budget (:data:`IN_FLIGHT_BYTES` or ``OCDBT_PY_FETCH_BYTES``)."""
+def fetch_budget(total: int = 0) -> int:
+    """The in-flight byte budget for reading ``total`` bytes: ``OCDBT_PY_FETCH_BYTES`` if set,
+    else :data:`IN_FLIGHT_BYTES`, growing with large reads (an eighth of ``total``) up to
+    :data:`MAX_IN_FLIGHT_BYTES`: more requests in flight keep a long link busy, at a memory
+    cost that stays a small fraction of what the read returns."""
     env = os.environ.get("OCDBT_PY_FETCH_BYTES")
     if env:
         try:
             return max(1 << 20, int(env))
         except ValueError:
             pass
-    return IN_FLIGHT_BYTES
+    return max(IN_FLIGHT_BYTES, min(MAX_IN_FLIGHT_BYTES, total // 8))
 
 
 class _Pool:
@@ -216,7 +223,7 @@ class Prefetch:
     """
 
     def __init__(self, stores: Sequence[KvStore], files: Sequence[tuple[int, str, int]], budget: int | None = None):
-        self.budget = fetch_budget() if budget is None else budget
+        self.budget = fetch_budget(sum(f[2] for f in files)) if budget is None else budget
         self.pool = _Pool(self.budget)
         self.jobs: list[tuple[_Job, concurrent.futures.Future[Any]]] = []
         self.used = False
@@ -368,7 +375,7 @@ class RemoteSource:
         if prefetched is not None and (prefetched.used or self.table is None):
             prefetched = None
         jobs, ready = self._plan(keys, size_hints, prefetched)
-        budget = fetch_budget()
+        budget = prefetched.budget if prefetched is not None else fetch_budget(sum(j.nbytes for j in jobs))
         # per read: reuse within it, nothing kept after it
         buffers = prefetched.pool if prefetched is not None else _Pool(budget)
         pool = get_pool() if num_threads() > 1 else None

@@ -157,8 +157,11 @@ def test_in_flight_bytes_follow_the_budget(monkeypatch: pytest.MonkeyPatch,
 def test_budget_default_and_override(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OCDBT_PY_FETCH_BYTES", raising=False)
     assert remoteread.fetch_budget() == remoteread.IN_FLIGHT_BYTES
+    assert remoteread.fetch_budget(250 << 20) == remoteread.IN_FLIGHT_BYTES == 64 << 20
+    assert remoteread.fetch_budget(768 << 20) == 96 << 20  # an eighth of a large read...
+    assert remoteread.fetch_budget(1 << 40) == remoteread.MAX_IN_FLIGHT_BYTES == 128 << 20  # ...up to a cap
     monkeypatch.setenv("OCDBT_PY_FETCH_BYTES", str(8 << 20))
-    assert remoteread.fetch_budget() == 8 << 20
+    assert remoteread.fetch_budget() == remoteread.fetch_budget(1 << 40) == 8 << 20
     monkeypatch.setenv("OCDBT_PY_FETCH_BYTES", "1")  # floored: one request must fit
     assert remoteread.fetch_budget() == 1 << 20
 
