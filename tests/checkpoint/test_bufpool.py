@@ -1,5 +1,6 @@
-"""The fetch-buffer pool of remote restores (remoteread._Pool): pieces of a few reused slabs,
-never two live pieces over the same bytes, memory bounded by the budget plus one slab."""
+"""The read-buffer pool of restores (bufpool.SlabPool; remoteread._Pool uses MAX_SPAN slabs):
+pieces of a few reused slabs, never two live pieces over the same bytes, memory bounded by
+the budget plus one slab."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ocdbt_py.checkpoint import remoteread
+from ocdbt_py.checkpoint.bufpool import SlabPool
 from ocdbt_py.checkpoint.remoteread import _Pool
 
 
@@ -64,3 +66,10 @@ def test_live_pieces_never_overlap(ops: list[int]) -> None:
         for x in live:
             pool.give(x)
         assert all(s.live == 0 for s in pool.slabs)
+
+
+def test_remote_pool_uses_max_span_slabs(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _Pool(64 << 20).slab == remoteread.MAX_SPAN
+    monkeypatch.setattr(remoteread, "MAX_SPAN", 4096)
+    assert _Pool(64 << 20).slab == 4096
+    assert SlabPool(100, 4096).slab == 100  # never a slab larger than the whole budget
