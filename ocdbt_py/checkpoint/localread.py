@@ -20,6 +20,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
+from ocdbt_py.checkpoint.bufpool import SlabPool
 from ocdbt_py.checkpoint.locations import scan_locations
 from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
@@ -66,30 +69,6 @@ def local_root(kv: KvStore) -> str | None:
     return os.path.join(kv.root, *[seg for p in reversed(parts) for seg in p.split("/")])
 
 
-class _Pool:
-    """Reusable bytearrays (so reads do not fault in fresh pages every time)."""
-
-    def __init__(self, limit: int = POOL_BYTES):
-        self.limit = limit
-        self.free: list[bytearray] = []
-        self.lock = threading.Lock()
-
-    def take(self, n: int) -> bytearray:
-        with self.lock:
-            best = -1
-            for i, b in enumerate(self.free):
-                if len(b) >= n and (best < 0 or len(b) < len(self.free[best])):
-                    best = i
-            if best >= 0 and len(self.free[best]) <= 4 * n + (1 << 20):
-                return self.free.pop(best)
-        return bytearray(n)
-
-    def give(self, b: bytearray) -> None:
-        with self.lock:
-            if sum(len(x) for x in self.free) + len(b) <= self.limit:
-                self.free.append(b)
-
-
 class LocalSource:
     """Locates and reads chunk keys of one item stored on the local filesystem.
 
@@ -103,7 +82,7 @@ class LocalSource:
         self.locate = locate
         #: for OCDBT items: every key's location (inline values included), from one B+tree scan
         self.table = table
-        self.pool = _Pool()
+        self.pool = SlabPool(POOL_BYTES, COALESCE_MAX)
         self._fds: dict[str, int] = {}
         self._fd_lock = threading.Lock()
 
@@ -177,9 +156,9 @@ class LocalSource:
         base = memoryview(mm)
         return mm, base, base[offset - start: offset - start + n]
 
-    def _read(self, path: str, offset: int, n: int) -> tuple[bytearray, memoryview]:
+    def _read(self, path: str, offset: int, n: int) -> tuple[np.ndarray, memoryview]:
         buf = self.pool.take(n)
-        mv = memoryview(buf)[:n]
+        mv = buf.data
         fd = self._fd(path)
         got = 0
         try:
@@ -212,7 +191,7 @@ class LocalSource:
                 out[i] = b""
             else:
                 by_file.setdefault(loc.path, []).append(i)
-        buffers: list[bytearray] = []
+        buffers: list[np.ndarray] = []
         pending: list[int] = []
         maps: dict[int, tuple[mmap.mmap, memoryview, memoryview]] = {}
         for path, idxs in by_file.items():

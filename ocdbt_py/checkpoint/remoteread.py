@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from ocdbt_py.checkpoint.bufpool import SlabPool
 from ocdbt_py.checkpoint.locations import scan_locations
-from ocdbt_py.checkpoint.pages import small_pages
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.futures import all_done
@@ -104,71 +104,11 @@ def fetch_budget(total: int = 0) -> int:
     return max(IN_FLIGHT_BYTES, min(MAX_IN_FLIGHT_BYTES, total // 8))
 
 
-class _Slab:
-    """One reusable fetch buffer, handed out front to back; it starts over from the front
-    once every piece handed out has come back."""
-
-    __slots__ = ("arr", "top", "live")
-
-    def __init__(self, n: int):
-        with small_pages():
-            self.arr = np.empty(n, dtype=np.uint8)
-        self.top = 0
-        self.live = 0
-
-
-class _Pool:
-    """Fetch buffers for one read: pieces of a few slabs of :data:`MAX_SPAN` bytes, reused as
-    requests complete, so that the bytes of a whole restore land in the same few
-    already-touched pages.
-
-    Fresh memory costs more than the socket copy into it: first-touch page faults made
-    receiving into new buffers 2-4x the CPU of receiving into reused ones, and a pool that
-    reused only same-sized buffers allocated 199 MiB fresh for a 231 MiB restore.  At most
-    ``limit`` bytes of slabs plus one more slab exist (pieces are cut front to back and a slab
-    is reused once all its pieces are back, so one extra slab absorbs the fragmentation); a
-    request larger than a slab, or one that finds no room, gets a buffer of its own (freed
-    after use).  Slab pages are first touched by the socket reads that fill them, on the I/O
-    threads without the GIL."""
+class _Pool(SlabPool):
+    """The fetch buffers of one read: slabs of :data:`MAX_SPAN` bytes (see :class:`SlabPool`)."""
 
     def __init__(self, limit: int):
-        self.limit = limit
-        self.slab = max(1, min(MAX_SPAN, limit))
-        self.max_slabs = -(-limit // self.slab) + 1
-        self.slabs: list[_Slab] = []
-        self._owner: dict[int, _Slab] = {}
-        self.lock = threading.Lock()
-
-    def take(self, n: int) -> np.ndarray:
-        """A buffer of exactly ``n`` bytes (until :meth:`give`)."""
-        if n <= self.slab:
-            with self.lock:
-                slab = next((sl for sl in self.slabs if sl.top + n <= sl.arr.nbytes), None)
-                if slab is None and len(self.slabs) < self.max_slabs:
-                    slab = _Slab(self.slab)
-                    self.slabs.append(slab)
-                if slab is not None:
-                    piece = slab.arr[slab.top: slab.top + n]
-                    slab.top += n
-                    slab.live += 1
-                    self._owner[id(piece)] = slab
-                    return piece
-        with small_pages():
-            return np.empty(n, dtype=np.uint8)
-
-    def give(self, b: np.ndarray) -> None:
-        """Return a buffer from :meth:`take` (its bytes may be overwritten from now on)."""
-        with self.lock:
-            slab = self._owner.pop(id(b), None)
-            if slab is not None:
-                slab.live -= 1
-                if slab.live == 0:
-                    slab.top = 0
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of slabs allocated."""
-        return sum(sl.arr.nbytes for sl in self.slabs)
+        super().__init__(limit, MAX_SPAN)
 
 
 class RemoteLoc:
