@@ -16,6 +16,14 @@ from tests.objectstores import servers
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
+def serve_with_bucket(start: Callable[[], Any], bucket: str) -> Iterator[Any]:
+    """For a module's own server fixture: start a server (a failure to start fails the test,
+    with the server's log), make ``bucket`` on it, yield it, and always stop it."""
+    for srv in _serve(start):
+        srv.make_bucket(bucket)
+        yield srv
+
+
 def _serve(start: Callable[[], Any]) -> Iterator[Any]:
     error = None
     try:

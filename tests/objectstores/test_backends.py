@@ -16,6 +16,7 @@ from ocdbt_py.kvstore.gcs import GcsStore
 from ocdbt_py.kvstore.s3 import S3Store
 from tests.kvstore.store_tests import ReadOnlyStoreTests, StoreTests
 from tests.objectstores import servers
+from tests.objectstores.conftest import serve_with_bucket
 
 _n = itertools.count()
 BUCKET = "ocdbt-kv"
@@ -183,15 +184,7 @@ def test_gcs_emulator_class_is_plain_gcsfs(gcs: servers.GcsServer) -> None:
 @pytest.fixture(scope="module")
 def s3_fast_ranges() -> Any:
     """The benchmark's variant of the S3 server (ranged GETs read only their range)."""
-    try:
-        srv = servers.start_s3(fast_ranges=True)
-    except servers.ServerStartError as e:
-        pytest.fail(str(e), pytrace=False)
-    try:
-        srv.make_bucket(BUCKET)
-        yield srv
-    finally:
-        srv.stop()
+    yield from serve_with_bucket(lambda: servers.start_s3(fast_ranges=True), BUCKET)
 
 
 class TestS3FastRangesServer(ReadOnlyStoreTests):

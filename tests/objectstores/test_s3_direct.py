@@ -22,6 +22,7 @@ from ocdbt_py.kvstore.s3 import S3Store
 from ocdbt_py.kvstore.s3direct import S3Direct
 from ocdbt_py.kvstore.sigv4 import Credentials
 from tests.objectstores import servers
+from tests.objectstores.conftest import serve_with_bucket
 
 BUCKET = "ocdbt-direct"
 _n = itertools.count()
@@ -196,15 +197,7 @@ def test_restore_never_builds_the_botocore_client(s3: servers.S3Server, tmp_path
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.S3Server]:
     """moto over HTTPS with a self-signed certificate for 127.0.0.1."""
     cert, key = servers.self_signed_cert(str(tmp_path_factory.mktemp("tls")))
-    try:
-        srv = servers.start_s3(tls=(cert, key))
-    except servers.ServerStartError as e:
-        pytest.fail(str(e), pytrace=False)
-    try:
-        srv.make_bucket(BUCKET)
-        yield srv
-    finally:
-        srv.stop()
+    yield from serve_with_bucket(lambda: servers.start_s3(tls=(cert, key)), BUCKET)
 
 
 @pytest.mark.parametrize("own_signing", [True, False])

@@ -16,6 +16,7 @@ from ocdbt_py.kvstore.gcs import GcsStore
 from ocdbt_py.kvstore.single_writer import SingleWriterStore
 from tests.kvstore.store_tests import StoreTests
 from tests.objectstores import servers
+from tests.objectstores.conftest import serve_with_bucket
 
 _n = itertools.count()
 BUCKET = "lax"
@@ -23,15 +24,7 @@ BUCKET = "lax"
 
 @pytest.fixture(scope="module")
 def lax_gcs() -> Iterator[servers.GcsServer]:
-    try:
-        srv = servers.start_gcs_python_emulator()
-    except servers.ServerStartError as e:
-        pytest.fail(str(e), pytrace=False)
-    try:
-        srv.make_bucket(BUCKET)
-        yield srv
-    finally:
-        srv.stop()
+    yield from serve_with_bucket(servers.start_gcs_python_emulator, BUCKET)
 
 
 def test_server_really_ignores_preconditions(lax_gcs: servers.GcsServer) -> None:
