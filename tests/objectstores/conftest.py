@@ -1,4 +1,6 @@
-"""Session-scoped object-store servers on 127.0.0.1, started on first use and always stopped.
+"""Session-scoped object-store servers on 127.0.0.1, started on first use and always stopped,
+and latency proxies in front of the S3 server (one per delay, shared by the modules that
+count requests; each test resets the counters it reads).
 
 A server that cannot start fails the tests that need it (with its log), never skips them.
 """
@@ -51,3 +53,26 @@ def gcs_server() -> Iterator[servers.GcsServer]:
 @pytest.fixture(scope="session")
 def azure_server() -> Iterator[servers.AzureServer]:
     yield from _serve(servers.start_azure)
+
+
+@pytest.fixture(scope="session")
+def s3_proxy(s3_server: servers.S3Server) -> Iterator[Callable[[float], Any]]:
+    """``s3_proxy(delay)``: the latency proxy adding ``delay`` seconds per request in front of
+    the session's S3 server (started on first use, stopped at the end of the session)."""
+    from tests.objectstores.latency_proxy import start_proxy
+
+    proxies: dict[float, Any] = {}
+
+    def get(delay: float) -> Any:
+        if delay not in proxies:
+            try:
+                proxies[delay] = start_proxy(s3_server.endpoint, delay)
+            except servers.ServerStartError as e:
+                pytest.fail(str(e), pytrace=False)
+        return proxies[delay]
+
+    try:
+        yield get
+    finally:
+        for p in proxies.values():
+            p.stop()

@@ -109,24 +109,20 @@ def test_4000_array_restore_round_trips_over_latency(ckpt_4000: Path) -> None:
     assert elapsed >= store.stats.depth * 0.02  # the delay really applied
 
 
-def test_4000_array_restore_from_s3_behind_latency_proxy(s3_server: servers.S3Server, ckpt_4000: Path) -> None:
+def test_4000_array_restore_from_s3_behind_latency_proxy(s3_server: servers.S3Server, ckpt_4000: Path,
+                                                        s3_proxy: Any) -> None:
     """The same on the wire: the S3 server behind a 20 ms proxy, every HTTP request counted."""
-    from tests.objectstores.latency_proxy import start_proxy
-
     s3_server.make_bucket(BUCKET)
     url = f"s3://{BUCKET}/c4000-{next(_n)}"
     store = open_kvstore(url, s3_server.storage_options())
     for f in sorted(ckpt_4000.rglob("*")):
         if f.is_file():
             store.set(f.relative_to(ckpt_4000).as_posix(), f.read_bytes())
-    proxy = start_proxy(s3_server.endpoint, 0.02)
-    try:
-        opts = dict(s3_server.storage_options(), endpoint_url=proxy.endpoint)
-        proxy.reset()
-        out = checkpoint.restore(url, storage_options=opts)
-        stats = proxy.stats()
-    finally:
-        proxy.stop()
+    proxy = s3_proxy(0.02)
+    opts = dict(s3_server.storage_options(), endpoint_url=proxy.endpoint)
+    proxy.reset()
+    out = checkpoint.restore(url, storage_options=opts)
+    stats = proxy.stats()
     assert len(out) == 4000 and out["layer0007"][3] == 7
     assert stats["depth"] <= 50, stats
     assert stats["requests"] <= 200, stats

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ocdbt_py.kvstore import open_kvstore
 from tests.objectstores import servers
-from tests.objectstores.latency_proxy import ProxyHandle, start_proxy
+from tests.objectstores.latency_proxy import ProxyHandle
 
 _n = itertools.count()
 BUCKET = "ocdbt-count"
@@ -21,13 +21,9 @@ BLOB = bytes(range(256)) * 256  # 64 KiB
 
 
 @pytest.fixture(scope="module")
-def proxy(s3_server: servers.S3Server) -> Iterator[ProxyHandle]:
+def proxy(s3_server: servers.S3Server, s3_proxy: Any) -> ProxyHandle:
     s3_server.make_bucket(BUCKET)
-    p = start_proxy(s3_server.endpoint, DELAY)
-    try:
-        yield p
-    finally:
-        p.stop()
+    return s3_proxy(DELAY)  # type: ignore[no-any-return]
 
 
 def _opts(s3_server: servers.S3Server, proxy: ProxyHandle) -> dict:

@@ -8,7 +8,6 @@ import functools
 import http.server
 import itertools
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ from ocdbt_py.errors import StorageError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.rangeio import HttpRangeReader, HttpStatusError
 from tests.objectstores import servers
-from tests.objectstores.latency_proxy import start_proxy
 
 BUCKET = "ocdbt-batching"
 _n = itertools.count()
@@ -111,13 +109,9 @@ def _upload(srv: servers.S3Server, local: Path, name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def proxied(bucket: servers.S3Server, ckpt: tuple[Path, dict[str, np.ndarray]]) -> Iterator[tuple[str, Any]]:
-    url = _upload(bucket, ckpt[0], f"ck{next(_n)}")
-    proxy = start_proxy(bucket.endpoint, 0.02)
-    try:
-        yield url, proxy
-    finally:
-        proxy.stop()
+def proxied(bucket: servers.S3Server, ckpt: tuple[Path, dict[str, np.ndarray]], s3_proxy: Any
+            ) -> tuple[str, Any]:
+    return _upload(bucket, ckpt[0], f"ck{next(_n)}"), s3_proxy(0.02)
 
 
 def test_restore_coalesces_neighbouring_arrays_on_the_wire(

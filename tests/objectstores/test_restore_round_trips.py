@@ -7,7 +7,6 @@ request and how many were made one after another (``depth``)."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,7 @@ from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.object_store import ObjectStore, is_object_store, read_ahead
 from ocdbt_py.kvstore.prefixed import PrefixStore
 from tests.objectstores import servers
-from tests.objectstores.latency_proxy import ProxyHandle, start_proxy
+from tests.objectstores.latency_proxy import ProxyHandle
 
 BUCKET = "ocdbt-round-trips"
 DELAY = 0.02
@@ -26,13 +25,9 @@ _n = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def proxy(s3_server: servers.S3Server) -> Iterator[ProxyHandle]:
+def proxy(s3_server: servers.S3Server, s3_proxy: Any) -> ProxyHandle:
     s3_server.make_bucket(BUCKET)
-    p = start_proxy(s3_server.endpoint, DELAY)
-    try:
-        yield p
-    finally:
-        p.stop()
+    return s3_proxy(DELAY)  # type: ignore[no-any-return]
 
 
 def _s3(url: str, opts: dict[str, Any]) -> ObjectStore:
