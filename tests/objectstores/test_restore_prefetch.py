@@ -183,3 +183,27 @@ def test_prefetch_takes_the_largest_files_first_within_the_budget(monkeypatch: p
     assert spans == [("d/big", 0, 100_000), ("d/big", 100_000, 200_000), ("d/big", 200_000, 300_000),
                      ("d/mid", 0, 100_000), ("d/mid", 100_000, 120_000)]  # budget reached; small/tiny not read
     assert pre.nbytes == 420_000
+
+
+@pytest.mark.parametrize("kind", ["gcs", "azure"])
+def test_prefetch_on_gcs_and_azure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+                                   kind: str) -> None:
+    """The listing of gcsfs/adlfs carries sizes too, so their whole restores prefetch."""
+    if kind == "gcs":
+        srv: Any = request.getfixturevalue("gcs_server")
+        srv.make_bucket(BUCKET)
+        url = f"gs://{BUCKET}/pre{next(_n)}"
+    else:
+        srv = request.getfixturevalue("azure_server")
+        srv.make_container(BUCKET)
+        url = f"az://{BUCKET}/pre{next(_n)}"
+    tree = _tree(40, 5)
+    checkpoint.save(url, tree, storage_options=srv.storage_options())
+    assert any(k.startswith("d/") for k in Listing.of(open_kvstore(url, srv.storage_options())).sizes)
+    monkeypatch.setattr(remoteread, "MAX_SPAN", 8192)
+    monkeypatch.setattr(remoteread, "PREFETCH_MIN_FILE", 0)
+    spy = _Spy(monkeypatch)
+    got = checkpoint.restore(url, storage_options=srv.storage_options())
+    _assert_same(got["params"], tree["params"])
+    ranges, held, _ = spy.calls[0]
+    assert ranges > 0 and held > 0
