@@ -80,7 +80,7 @@ def run_ours(name: str, endpoint: str) -> dict[str, Any]:
     import numpy  # noqa: F401
     import s3fs  # noqa: F401
 
-    import ocdbt_py.checkpoint.restoring  # noqa: F401
+    import ocdbt_py.checkpoint.restore.api  # noqa: F401
     import ocdbt_py.kvstore.s3  # noqa: F401
     import ocdbt_py.store  # noqa: F401
     import zarr3.array  # noqa: F401

@@ -126,7 +126,7 @@ def _preimport() -> None:
 
     import ocdbt_py.checkpoint.export  # noqa: F401
     import ocdbt_py.checkpoint.meta  # noqa: F401
-    import ocdbt_py.checkpoint.restoring  # noqa: F401
+    import ocdbt_py.checkpoint.restore.api  # noqa: F401
     import ocdbt_py.store  # noqa: F401
     import zarr3.array  # noqa: F401
 

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ocdbt_py
     from ocdbt_py import checkpoint
-    from ocdbt_py.verify import verify
+    from ocdbt_py.maintenance.verify import verify
 
     work = os.path.abspath(args.dir)
     shutil.rmtree(work, ignore_errors=True)

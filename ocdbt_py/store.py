@@ -9,8 +9,6 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from ocdbt_py.btree_read import iterate, iterate_keys, lookup, lookup_many
-from ocdbt_py.cache import LruCache
 from ocdbt_py.errors import (
     ConditionFailedError,
     CorruptionError,
@@ -26,9 +24,11 @@ from ocdbt_py.format.manifest import Manifest
 from ocdbt_py.format.version_tree import BtreeGenerationReference
 from ocdbt_py.kvstore import KvStore, open_kvstore
 from ocdbt_py.kvstore.base import ByteRange, ReadRequest, check_range, normalize_request, slice_range
-from ocdbt_py.node_reader import NodeReader
+from ocdbt_py.read.btree_read import iterate, iterate_keys, lookup, lookup_many
+from ocdbt_py.read.cache import LruCache
+from ocdbt_py.read.node_reader import NodeReader
+from ocdbt_py.read.version_read import all_versions, find_generation, find_time, read_manifest
 from ocdbt_py.timeutil import format_nanoseconds, to_nanoseconds
-from ocdbt_py.version_read import all_versions, find_generation, find_time, read_manifest
 from ocdbt_py.write.mutations import ANY as _ANY
 
 __all__ = ["open", "OcdbtStore", "VersionInfo", "Entry", "Version"]

@@ -29,7 +29,7 @@ from ocdbt_py.errors import NotFoundError
 from ocdbt_py.format.btree import InteriorNode, LeafNode
 from ocdbt_py.format.config import MANIFEST_KIND_NUMBERED
 from ocdbt_py.format.data_file_table import DataFileId, IndirectDataReference
-from ocdbt_py.node_reader import NodeReader
+from ocdbt_py.read.node_reader import NodeReader
 from ocdbt_py.timeutil import format_nanoseconds
 
 __all__ = [

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# Bound eagerly: the subpackage ``checkpoint.restore`` would otherwise replace the function of
+# the same name on this package the first time any of its modules is imported.
+from ocdbt_py.checkpoint.restore.api import restore
+
 if TYPE_CHECKING:
     from ocdbt_py.checkpoint.export import export_npz, export_safetensors
     from ocdbt_py.checkpoint.layout import UncommittedStepWarning
     from ocdbt_py.checkpoint.manager import CheckpointManager
     from ocdbt_py.checkpoint.meta import CheckpointInfo, LeafMetadata, list_steps, metadata
-    from ocdbt_py.checkpoint.reader import LazyArray
-    from ocdbt_py.checkpoint.restoring import restore
+    from ocdbt_py.checkpoint.restore.reader import LazyArray
     from ocdbt_py.checkpoint.saving import JsonItem, SaveHandle, save
 
 __all__ = [
@@ -40,14 +43,13 @@ __all__ = [
 ]
 
 _WHERE = {
-    "restore": "ocdbt_py.checkpoint.restoring",
     "metadata": "ocdbt_py.checkpoint.meta",
     "list_steps": "ocdbt_py.checkpoint.meta",
     "LeafMetadata": "ocdbt_py.checkpoint.meta",
     "CheckpointInfo": "ocdbt_py.checkpoint.meta",
     "export_safetensors": "ocdbt_py.checkpoint.export",
     "export_npz": "ocdbt_py.checkpoint.export",
-    "LazyArray": "ocdbt_py.checkpoint.reader",
+    "LazyArray": "ocdbt_py.checkpoint.restore.reader",
     "UncommittedStepWarning": "ocdbt_py.checkpoint.layout",
     "save": "ocdbt_py.checkpoint.saving.api",
     "JsonItem": "ocdbt_py.checkpoint.saving.api",

@@ -21,10 +21,10 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ocdbt_py.checkpoint.dtypes import ML_DTYPE_NAMES, dtype_from_name
-from ocdbt_py.checkpoint.item import ARRAY, INLINE, SCALAR, STRING, Leaf, PyTreeItem
 from ocdbt_py.checkpoint.layout import Kind
 from ocdbt_py.checkpoint.meta import item_metadata
-from ocdbt_py.checkpoint.restoring import PathLike, resolve
+from ocdbt_py.checkpoint.restore.api import PathLike, resolve
+from ocdbt_py.checkpoint.restore.item import ARRAY, INLINE, SCALAR, STRING, Leaf, PyTreeItem
 from ocdbt_py.errors import NotFoundError, UnsupportedError
 from ocdbt_py.kvstore.prefixed import PrefixStore
 

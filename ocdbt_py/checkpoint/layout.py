@@ -101,7 +101,7 @@ def _first_reads() -> tuple[tuple[str, int], ...]:
     """The small files restoring a directory reads first, one after another, each with the
     end of the byte range it is read with (its size limit plus one)."""
     from ocdbt_py.checkpoint.jsonio import MAX_JSON_BYTES
-    from ocdbt_py.version_read import manifest_read_limit
+    from ocdbt_py.read.version_read import manifest_read_limit
 
     return ((STEP_METADATA, STEP_METADATA_LIMIT + 1), ("_METADATA", MAX_JSON_BYTES + 1),
             ("manifest.ocdbt", manifest_read_limit()), ("_strings.json", MAX_JSON_BYTES + 1))
@@ -340,7 +340,7 @@ def _markers(kv: KvStore, names: list[str]) -> list[bool]:
     """Whether each step directory has its commit marker (looked up concurrently)."""
     if len(names) <= 1:
         return [_step_has_marker(kv, d) for d in names]
-    from ocdbt_py.checkpoint.remoteread import io_pool
+    from ocdbt_py.checkpoint.restore.remoteread import io_pool
 
     futs = [io_pool().submit(_step_has_marker, kv, d) for d in names]
     return [f.result() for f in futs]
@@ -351,7 +351,7 @@ def _listings(kv: KvStore, prefixes: list[str]) -> list[Listing]:
     reached over a network)."""
     if len(prefixes) <= 1:
         return [listing_of(kv, p) for p in prefixes]
-    from ocdbt_py.checkpoint.remoteread import io_pool
+    from ocdbt_py.checkpoint.restore.remoteread import io_pool
 
     futs = [io_pool().submit(listing_of, kv, p) for p in prefixes]
     return [f.result() for f in futs]

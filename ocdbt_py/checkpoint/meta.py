@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from ocdbt_py.checkpoint.gcpause import paused_gc
-from ocdbt_py.checkpoint.item import ARRAY, EMPTY, INLINE, SCALAR, STRING, Leaf, PyTreeItem
 from ocdbt_py.checkpoint.jsonio import read_json
 from ocdbt_py.checkpoint.layout import Kind, Listing, StepEntry, json_item_file, store_dir_name
 from ocdbt_py.checkpoint.layout import list_steps as _list_steps
 from ocdbt_py.checkpoint.pytree import build_tree
-from ocdbt_py.checkpoint.restoring import PathLike, bare_array_leaf, handler_of, resolve
+from ocdbt_py.checkpoint.restore.api import PathLike, bare_array_leaf, handler_of, resolve
+from ocdbt_py.checkpoint.restore.gcpause import paused_gc
+from ocdbt_py.checkpoint.restore.item import ARRAY, EMPTY, INLINE, SCALAR, STRING, Leaf, PyTreeItem
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore

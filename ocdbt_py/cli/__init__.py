@@ -12,7 +12,7 @@ Usage (``ocdbt --help`` and ``ocdbt COMMAND --help`` for details)::
 ``URL`` is a local path or any fsspec URL (``--storage-option k=v``, repeatable, is passed to
 fsspec).  An Orbax checkpoint item directory is a database (its ``manifest.ocdbt``);
 pointing at a step directory lists the item directories to choose from.  Keys are shown as
-described in :mod:`ocdbt_py.cli.keys` (``\\xNN`` escapes for bytes that are not printable
+described in :mod:`ocdbt_py.keys` (``\\xNN`` escapes for bytes that are not printable
 UTF-8, ``\\\\`` for a backslash); ``--json`` output gives ``key_hex`` too.
 
 Exit status: 0 success, 1 error or a failed ``verify``, 2 usage error (bad arguments, or a
@@ -38,7 +38,7 @@ order.  ``register`` adds its parser and sets the function that runs it::
 Keep module import cheap: import heavy modules (numpy, the store, codecs) inside ``run``.
 Shared helpers: :mod:`ocdbt_py.cli.options` (common arguments), :mod:`ocdbt_py.cli.locate`
 (opening a database with helpful errors), :mod:`ocdbt_py.cli.output` (JSON and human
-formatting), :mod:`ocdbt_py.cli.keys` (key escaping), :mod:`ocdbt_py.cli.progress`.  Raise
+formatting), :mod:`ocdbt_py.keys` (key escaping), :mod:`ocdbt_py.cli.progress`.  Raise
 :class:`ocdbt_py.cli.errors.CliError` (exit 1) or :class:`~ocdbt_py.cli.errors.UsageError`
 (exit 2) for user-facing failures; :class:`~ocdbt_py.errors.OcdbtError` is reported as a
 one-line error too.  Two modules must not register the same command name (a later module

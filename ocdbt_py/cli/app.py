@@ -59,7 +59,7 @@ def _say(message: str) -> None:
 
 def _safe_stdout() -> None:
     """Never crash printing keys on a terminal that is not UTF-8: escape what it cannot show."""
-    from ocdbt_py.cli.keys import set_ascii_only
+    from ocdbt_py.keys import set_ascii_only
 
     stream = sys.stdout
     enc = (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "")

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from ocdbt_py.cli.options import storage_options
     from ocdbt_py.cli.output import print_json
     from ocdbt_py.kvstore import open_kvstore
-    from ocdbt_py.write.gc import DEFAULT_GRACE_SECONDS, collect_garbage
+    from ocdbt_py.maintenance.gc import DEFAULT_GRACE_SECONDS, collect_garbage
 
     if args.keep_versions is not None and args.keep_versions < 1:
         raise UsageError("--keep-versions must be at least 1")

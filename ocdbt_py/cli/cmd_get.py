@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def parse_key(args: argparse.Namespace) -> bytes:
     """The key argument as bytes, per ``--hex`` / ``--escaped``."""
     from ocdbt_py.cli.errors import UsageError
-    from ocdbt_py.cli.keys import parse_hex_key, unescape_key
+    from ocdbt_py.keys import parse_hex_key, unescape_key
 
     try:
         if args.hex:
@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from ocdbt_py.cli.errors import CliError
-    from ocdbt_py.cli.keys import escape_key
     from ocdbt_py.cli.locate import open_database
+    from ocdbt_py.keys import escape_key
 
     key = parse_key(args)
     db = open_database(args)

@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def _prefix(args: argparse.Namespace) -> bytes:
     from ocdbt_py.cli.errors import UsageError
-    from ocdbt_py.cli.keys import parse_hex_key, unescape_key
+    from ocdbt_py.keys import parse_hex_key, unescape_key
 
     try:
         if args.prefix_hex is not None:
@@ -51,10 +51,10 @@ def run(args: argparse.Namespace) -> int:
     """List the keys."""
     import json
 
-    from ocdbt_py.cli.keys import escape_key
     from ocdbt_py.cli.locate import open_database
     from ocdbt_py.cli.output import out, ref_text
     from ocdbt_py.cli.progress import Progress, want_progress
+    from ocdbt_py.keys import escape_key
 
     prefix = _prefix(args)
     if args.limit is not None and args.limit < 0:

@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     import warnings
 
     from ocdbt_py.checkpoint import UncommittedStepWarning, metadata
-    from ocdbt_py.checkpoint.restoring import resolve
+    from ocdbt_py.checkpoint.restore.api import resolve
     from ocdbt_py.cli.output import human_bytes, out, print_json, print_table
 
     opts = storage_options(args)

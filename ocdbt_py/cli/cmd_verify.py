@@ -1,4 +1,4 @@
-"""``ocdbt verify``: check every node of every version (see :mod:`ocdbt_py.verify`)."""
+"""``ocdbt verify``: check every node of every version (see :mod:`ocdbt_py.maintenance.verify`)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from ocdbt_py.cli.locate import open_database, open_kvstore_checked
     from ocdbt_py.cli.output import human_bytes, out, print_json
     from ocdbt_py.cli.progress import Progress, want_progress
-    from ocdbt_py.verify import VerifyReport, verify
+    from ocdbt_py.maintenance.verify import VerifyReport, verify
 
     if args.max_problems < 1:
         raise UsageError("--max-problems must be at least 1")

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
-from ocdbt_py.cli.keys import escape_key
+from ocdbt_py.keys import escape_key
 
 if TYPE_CHECKING:
     from ocdbt_py.format.data_file_table import IndirectDataReference
@@ -56,7 +56,7 @@ def print_table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: Se
 
 def human_bytes(n: int) -> str:
     """``1536`` -> ``'1.5 KiB'``."""
-    from ocdbt_py.verify import human_bytes as hb
+    from ocdbt_py.maintenance.verify import human_bytes as hb
 
     return hb(n)
 

@@ -34,7 +34,7 @@ def open_writer(
     ``config`` holds TensorStore's config names (constraints on an existing database,
     choices for a new one) and the writer options; see :func:`.options.parse_options`.
     """
-    from ocdbt_py.cache import LruCache
+    from ocdbt_py.read.cache import LruCache
     from ocdbt_py.write.commit import Writer
     from ocdbt_py.write.options import parse_options
 

@@ -25,7 +25,7 @@ from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.btree import BtreeChild, BtreeNode, InteriorNode, LeafNode, node_nbytes
 from ocdbt_py.format.config import Config
 from ocdbt_py.format.data_file_table import IndirectDataReference, Statistics
-from ocdbt_py.node_reader import NodeReader
+from ocdbt_py.read.node_reader import NodeReader
 from ocdbt_py.write.mutations import DELETE_RANGE, SortedMutations
 from ocdbt_py.write.node_encoder import (
     LeafValue,

@@ -23,15 +23,15 @@ import threading
 import time
 from typing import Any
 
-from ocdbt_py.btree_read import lookup_many
-from ocdbt_py.cache import LruCache
 from ocdbt_py.errors import ConditionFailedError, ReadOnlyError, UnsupportedError
 from ocdbt_py.format.config import Config
 from ocdbt_py.format.data_file_table import IndirectDataReference, Statistics
 from ocdbt_py.format.manifest import Manifest
 from ocdbt_py.format.version_tree import BtreeGenerationReference, VersionNodeReference, VersionTreeNode
 from ocdbt_py.kvstore.base import KvStore
-from ocdbt_py.node_reader import NodeReader
+from ocdbt_py.read.btree_read import lookup_many
+from ocdbt_py.read.cache import LruCache
+from ocdbt_py.read.node_reader import NodeReader
 from ocdbt_py.write.btree_writer import TreeWriter
 from ocdbt_py.write.data_writer import DataWriters
 from ocdbt_py.write.manifest_io import ManifestIO, ManifestState

@@ -16,8 +16,8 @@ from ocdbt_py.errors import ConditionFailedError, CorruptionError, NotFoundError
 from ocdbt_py.format.config import MANIFEST_KIND_NUMBERED, Config
 from ocdbt_py.format.manifest import Manifest, decode_manifest, encode_manifest
 from ocdbt_py.kvstore.base import KvStore
-from ocdbt_py.node_reader import NodeReader
-from ocdbt_py.version_read import (
+from ocdbt_py.read.node_reader import NodeReader
+from ocdbt_py.read.version_read import (
     MANIFEST_KEY,
     find_generation,
     list_numbered_manifests,

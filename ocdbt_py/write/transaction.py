@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ocdbt_py.btree_read import iterate
 from ocdbt_py.errors import ConditionFailedError, OcdbtError
 from ocdbt_py.format.btree import MAX_KEY_LENGTH
 from ocdbt_py.kvstore.base import ByteRange, KvStore, check_range, slice_range
+from ocdbt_py.read.btree_read import iterate
 from ocdbt_py.write.commit import Condition
 from ocdbt_py.write.mutations import ANY, ChunkedValue, MutationSet, as_key, as_value
 

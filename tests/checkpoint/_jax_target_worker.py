@@ -192,7 +192,7 @@ class CountingStore(LocalStore):
 def each_region_read_once_per_device_domain() -> list[str]:
     """8 devices, 8 distinct regions: each chunk file is read once, never the whole array per
     device.  (per-param dirs, so every chunk is its own file.)"""
-    from ocdbt_py.checkpoint import reader as reader_mod
+    from ocdbt_py.checkpoint.restore import reader as reader_mod
 
     p = path("perparam_zarr3")
     md = checkpoint.metadata(p)["params"]["layer0"]["kernel"]  # (8, 16), chunks (2, 8): 8 chunks

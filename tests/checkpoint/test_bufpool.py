@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ocdbt_py.checkpoint import remoteread
-from ocdbt_py.checkpoint.bufpool import SlabPool
-from ocdbt_py.checkpoint.remoteread import _Pool
+from ocdbt_py.checkpoint.restore import remoteread
+from ocdbt_py.checkpoint.restore.bufpool import SlabPool
+from ocdbt_py.checkpoint.restore.remoteread import _Pool
 
 
 def test_pieces_reuse_the_same_slabs(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -97,7 +97,7 @@ def test_safetensors_streams_in_slabs(orbax_corpus: Corpus, tmp_path: Path, monk
     monkeypatch.setattr(export_mod, "SLAB_BYTES", 64 * 1024)
     src = orbax_corpus.path("chunked_zarr3")
     reads: list[Any] = []
-    from ocdbt_py.checkpoint.reader import ArrayReader
+    from ocdbt_py.checkpoint.restore.reader import ArrayReader
 
     orig = ArrayReader.read_rows
 

@@ -7,7 +7,7 @@ import types
 import pytest
 
 import ocdbt_py
-from ocdbt_py.checkpoint.locations import scan_locations
+from ocdbt_py.checkpoint.restore.locations import scan_locations
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.memory import MemoryStore
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ocdbt_py.checkpoint import msgpack_legacy
-from ocdbt_py.checkpoint.msgpack_legacy import ExtValue, Placeholder, unpack
+from ocdbt_py.checkpoint.restore import msgpack_legacy
+from ocdbt_py.checkpoint.restore.msgpack_legacy import ExtValue, Placeholder, unpack
 from ocdbt_py.errors import CorruptionError, OcdbtError, UnsupportedError
 
 msgpack = pytest.importorskip("msgpack")

@@ -11,8 +11,8 @@ import pytest
 
 import zarr3
 from ocdbt_py import checkpoint
-from ocdbt_py.checkpoint import reader as reader_mod
-from ocdbt_py.checkpoint.item import PyTreeItem
+from ocdbt_py.checkpoint.restore import reader as reader_mod
+from ocdbt_py.checkpoint.restore.item import PyTreeItem
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore import LocalStore
 from tests.checkpoint.conftest import Corpus, compare
@@ -142,7 +142,7 @@ def test_coalesced_ocdbt_reads(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mmap_min", [1, 1 << 40])
 def test_local_fast_path_matches(monkeypatch: pytest.MonkeyPatch, mmap_min: int, orbax_corpus: Corpus) -> None:
     """Local reads (coalesced preadv into pooled buffers, or mmap) give Orbax's values."""
-    from ocdbt_py.checkpoint import localread
+    from ocdbt_py.checkpoint.restore import localread
 
     corpus = orbax_corpus
     monkeypatch.setattr(localread, "MMAP_MIN", mmap_min)
@@ -158,7 +158,7 @@ def test_local_fast_path_damaged_files(tmp_path: Path, monkeypatch: pytest.Monke
                                        orbax_corpus: Corpus) -> None:
     import shutil
 
-    from ocdbt_py.checkpoint import localread
+    from ocdbt_py.checkpoint.restore import localread
 
     corpus = orbax_corpus
     for mmap_min in (1, 1 << 40):

@@ -1,4 +1,4 @@
-"""Restores from stores that are not local files (``ocdbt_py.checkpoint.remoteread``): every
+"""Restores from stores that are not local files (``ocdbt_py.checkpoint.restore.remoteread``): every
 chunk located by one B+tree scan, chunks of neighbouring arrays merged into few range reads,
 requests in flight bounded by an explicit byte budget, and a bounded number of round trips in
 sequence whatever the number of arrays."""
@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from ocdbt_py import checkpoint
-from ocdbt_py.checkpoint import remoteread
-from ocdbt_py.checkpoint.restoring import open_item_dir
+from ocdbt_py.checkpoint.restore import remoteread
+from ocdbt_py.checkpoint.restore.api import open_item_dir
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore import LocalStore
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request
-from ocdbt_py.kvstore.latency import LatencyStore
+from ocdbt_py.testing.latency import LatencyStore
 
 
 class Recording(KvStore):
@@ -282,7 +282,7 @@ def test_failed_request_propagates_and_stops(many: tuple[Path, dict[str, np.ndar
 
 
 def test_small_pages_restores_numpys_setting() -> None:
-    from ocdbt_py.checkpoint.pages import _switch, small_pages
+    from ocdbt_py.checkpoint.restore.pages import _switch, small_pages
 
     fn = _switch()
     if fn is None:

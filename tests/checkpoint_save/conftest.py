@@ -108,8 +108,8 @@ def _numpy_cases(root: Path) -> tuple[list[dict[str, Any]], dict[str, Path]]:
     case("chunked_zarr3", "chunked_tree", use_zarr3=True, chunk_byte_size=1000)
     case("target_only", "chunked_tree", ocdbt_target_data_file_size=70000)
     # in place (commit-file mode) through a non-local KvStore wrapper
-    from ocdbt_py.faults import FaultyStore
     from ocdbt_py.kvstore import LocalStore
+    from ocdbt_py.testing.faults import FaultyStore
 
     p = root / "in_place"
     save(FaultyStore(LocalStore(str(p))), _trees.rich_tree())

@@ -14,8 +14,8 @@ from ocdbt_py.checkpoint import restore, save
 from ocdbt_py.checkpoint.saving import CheckpointExistsError, SaveHandle
 from ocdbt_py.checkpoint.saving import process_writer as pw
 from ocdbt_py.errors import StorageError
-from ocdbt_py.faults import FaultyStore, InjectedFault
 from ocdbt_py.kvstore import MemoryStore
+from ocdbt_py.testing.faults import FaultyStore, InjectedFault
 
 
 @pytest.fixture

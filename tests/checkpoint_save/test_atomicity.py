@@ -25,10 +25,10 @@ import pytest
 from ocdbt_py.checkpoint import restore, save
 from ocdbt_py.checkpoint.saving import atomic, sinks
 from ocdbt_py.errors import NotFoundError, StorageError
-from ocdbt_py.faults import WRITE_OPS, FaultyStore, InjectedFault
 from ocdbt_py.kvstore import LocalStore
 from ocdbt_py.kvstore import local as local_mod
 from ocdbt_py.kvstore.fsspec_store import FsspecStore
+from ocdbt_py.testing.faults import WRITE_OPS, FaultyStore, InjectedFault
 from tests.checkpoint_save import _trees
 from tests.checkpoint_save.conftest import have_oracle, run_worker, subprocess_env
 
@@ -173,7 +173,7 @@ import sys
 sys.path.insert(0, {here!r})
 from _trees import crash_new_big
 from ocdbt_py.checkpoint import save
-from ocdbt_py.faults import FaultyStore, WRITE_OPS
+from ocdbt_py.testing.faults import FaultyStore, WRITE_OPS
 from ocdbt_py.kvstore import LocalStore
 from ocdbt_py.kvstore.fsspec_store import FsspecStore
 mode, target, arg = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -1,1 +1,1 @@
-"""Tests of the ocdbt command-line tool and of ocdbt_py.verify."""
+"""Tests of the ocdbt command-line tool and of ocdbt_py.maintenance.verify."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ocdbt_py.cli.app import build_parser, command_modules
-from ocdbt_py.cli.keys import escape_key
+from ocdbt_py.keys import escape_key
 
 ALL_COMMANDS = {"ls", "get", "info", "versions", "verify", "tree"}
 
@@ -259,7 +259,7 @@ def test_cli_import_is_light(subproc) -> None:
     import sys
 
     code = ("import sys, ocdbt_py.cli; bad = [m for m in ('numpy', 'zstandard', 'fsspec', "
-            "'ocdbt_py.store', 'ocdbt_py.verify') if m in sys.modules]; print(bad)")
+            "'ocdbt_py.store', 'ocdbt_py.maintenance.verify') if m in sys.modules]; print(bad)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert p.stdout.strip() == "[]"
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ocdbt_py.cli.keys import escape_key, parse_hex_key, unescape_key
+from ocdbt_py.keys import escape_key, parse_hex_key, unescape_key
 
 
 @pytest.mark.parametrize(

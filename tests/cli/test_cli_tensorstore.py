@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 import ocdbt_py
-from ocdbt_py.btree_read import walk_nodes
-from ocdbt_py.cli.keys import escape_key
 from ocdbt_py.format.btree import LeafNode
-from ocdbt_py.verify import verify
+from ocdbt_py.keys import escape_key
+from ocdbt_py.maintenance.verify import verify
+from ocdbt_py.read.btree_read import walk_nodes
 
 ts = pytest.importorskip("tensorstore")
 

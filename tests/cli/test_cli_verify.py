@@ -1,4 +1,4 @@
-"""``ocdbt verify`` and :func:`ocdbt_py.verify.verify` on clean and damaged databases."""
+"""``ocdbt verify`` and :func:`ocdbt_py.maintenance.verify.verify` on clean and damaged databases."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import ocdbt_py
 from ocdbt_py.cli.progress import Progress
 from ocdbt_py.kvstore import MemoryStore
-from ocdbt_py.verify import VerifyReport, verify
+from ocdbt_py.maintenance.verify import VerifyReport, verify
 
 
 def test_clean_database_exits_0(cli, tiny_db) -> None:
@@ -160,7 +160,7 @@ def test_hostile_damage_never_raises(make_db, tmp_path: Path, zstd: int | None) 
 
 
 def test_shared_subtrees_are_checked_once(make_db, tmp_path: Path, monkeypatch) -> None:
-    from ocdbt_py import verify as verify_mod
+    from ocdbt_py.maintenance import verify as verify_mod
 
     db = make_db(tmp_path / "db")
     # a third generation that reuses generation 1's root node

@@ -8,7 +8,7 @@ TensorStore's own S3 driver, ...)::
 prints ``PORT <n>`` once it listens.  ``GET /__proxy__/stats`` returns JSON counters and
 ``POST /__proxy__/reset`` zeroes them.  ``depth`` is the longest chain of requests in which
 each arrived only after the previous one had been answered: an upper bound on the round trips
-a client made in sequence (see :mod:`ocdbt_py.kvstore.latency`).
+a client made in sequence (see :mod:`ocdbt_py.testing.latency`).
 
 Use :func:`start_proxy` from tests; it runs the proxy as a child process so it never competes
 with the client under test for the GIL.

@@ -14,7 +14,7 @@ import pytest
 
 from ocdbt_py import checkpoint
 from ocdbt_py.kvstore import open_kvstore
-from ocdbt_py.kvstore.latency import LatencyStore
+from ocdbt_py.testing.latency import LatencyStore
 from tests.objectstores import servers
 
 BUCKET = "ocdbt-ckpt"

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from ocdbt_py.kvstore import MemoryStore
 from ocdbt_py.kvstore.coalesce import coalesced_get_many, plan
-from ocdbt_py.kvstore.latency import LatencyStore
+from ocdbt_py.testing.latency import LatencyStore
 
 BLOB = bytes(range(256)) * 64  # 16 KiB
 

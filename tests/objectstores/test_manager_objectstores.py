@@ -25,9 +25,9 @@ import pytest
 
 from ocdbt_py.checkpoint import JsonItem
 from ocdbt_py.checkpoint.manager import BestN, CheckpointManager, KeepAnyOf, LatestN
-from ocdbt_py.faults import KILL_STATUS, WRITE_OPS, FaultyStore, InjectedFault
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.testing.faults import KILL_STATUS, WRITE_OPS, FaultyStore, InjectedFault
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "ocdbt-manager"
@@ -211,7 +211,7 @@ _KILL_CHILD = textwrap.dedent(
     import numpy as np
     from ocdbt_py.checkpoint import JsonItem
     from ocdbt_py.checkpoint.manager import CheckpointManager
-    from ocdbt_py.faults import FaultyStore, WRITE_OPS
+    from ocdbt_py.testing.faults import FaultyStore, WRITE_OPS
     from ocdbt_py.kvstore import open_kvstore
     url, opts, fail_at = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
     store = FaultyStore(open_kvstore(url, opts), fail_at=fail_at, action="kill", ops=WRITE_OPS)
@@ -284,7 +284,7 @@ def test_interrupted_first_save_on_kvstore_root(root: str) -> None:
     store) writes in place: a step without its marker is never listed, even when no other
     step exists to show that the root uses markers, and the step can be saved again."""
     from ocdbt_py.kvstore import MemoryStore
-    from ocdbt_py.kvstore.latency import LatencyStore
+    from ocdbt_py.testing.latency import LatencyStore
 
     kv: KvStore
     if root == "memory_url":

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import ocdbt_py
-from ocdbt_py.verify import verify
+from ocdbt_py.maintenance.verify import verify
 from tests.objectstores import servers
 
 N_PROCS = 4

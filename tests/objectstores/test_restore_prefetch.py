@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from ocdbt_py import checkpoint
-from ocdbt_py.checkpoint import remoteread
 from ocdbt_py.checkpoint.layout import Listing
-from ocdbt_py.checkpoint.remoteread import _claim, _Job
+from ocdbt_py.checkpoint.restore import remoteread
+from ocdbt_py.checkpoint.restore.remoteread import _claim, _Job
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore import open_kvstore
 from tests.objectstores import servers

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 import ocdbt_py
-from ocdbt_py.cache import LruCache
 from ocdbt_py.format.btree import _VECTOR_ENTRIES as VECTOR_ENTRIES
 from ocdbt_py.format.btree import (
     BtreeChild,
@@ -35,7 +34,8 @@ from ocdbt_py.format.btree import (
 )
 from ocdbt_py.format.data_file_table import DataFileId, IndirectDataReference, Statistics
 from ocdbt_py.format.version_tree import VersionTreeNode
-from ocdbt_py.node_reader import version_node_nbytes
+from ocdbt_py.read.cache import LruCache
+from ocdbt_py.read.node_reader import version_node_nbytes
 from ocdbt_py.store import OcdbtStore
 
 BUDGET = 4 << 20

@@ -18,7 +18,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ocdbt_py
-from ocdbt_py.btree_read import iterate, iterate_keys
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format import btree
 from ocdbt_py.format.btree import (
@@ -40,6 +39,7 @@ from ocdbt_py.format.data_file_table import (
 from ocdbt_py.format.envelope import BTREE_NODE_MAGIC, encode_envelope
 from ocdbt_py.format.reader import Reader, put_varint
 from ocdbt_py.kvstore import MemoryStore
+from ocdbt_py.read.btree_read import iterate, iterate_keys
 from tests.ocdbt.ocdbt_craft import RAW, DbFiles, build_tree, generation, single_manifest
 
 BIG = 1 << 30

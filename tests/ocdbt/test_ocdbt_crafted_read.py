@@ -610,7 +610,7 @@ def test_time_zone_offsets_select_the_same_generation() -> None:
 
 def test_oversized_manifest_is_not_read_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     """A hostile multi-gigabyte manifest file is read only up to the size limit."""
-    import ocdbt_py.version_read as version_read
+    import ocdbt_py.read.version_read as version_read
 
     monkeypatch.setattr(version_read, "_MAX_MANIFEST_FILE", 200)
     files = one_generation_db({b"k": b"v"}).as_dict()

@@ -12,8 +12,8 @@ The server imports only ``ocdbt_py`` (``import jax`` is blocked), starts no thre
 before every scenario that it is still single-threaded (Python threads and, on Linux, native
 ones).  For each scenario line ``{"path": ..., "kind": ..., "step": ..., "action": ...}`` it
 forks a copy of itself (safe: the copy has the one thread there is), which commits through a
-:class:`~ocdbt_py.faults.FaultyStore` failing at ``step`` with ``action``, and writes
-``RESULT <exit status>`` to stdout.  The exit status is :data:`~ocdbt_py.faults.KILL_STATUS`
+:class:`~ocdbt_py.testing.faults.FaultyStore` failing at ``step`` with ``action``, and writes
+``RESULT <exit status>`` to stdout.  The exit status is :data:`~ocdbt_py.testing.faults.KILL_STATUS`
 when the fault killed the copy, :data:`NOT_KILLED` when the commit finished, :data:`FAILED`
 (traceback on stderr) when it raised.  Exiting with a non-zero status of its own (message on
 stderr) means the server found itself multi-threaded or with a blocked module imported.
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import ocdbt_py
-from ocdbt_py.faults import FaultyStore
 from ocdbt_py.kvstore import LocalStore
+from ocdbt_py.testing.faults import FaultyStore
 
 Model = dict[bytes, bytes]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import ocdbt_py
+from ocdbt_py.maintenance.verify import verify
 from ocdbt_py.timeutil import format_nanoseconds
-from ocdbt_py.verify import verify
 
 Model = dict[bytes, bytes]
 

@@ -1,7 +1,7 @@
 """Crash safety: fail or kill the process at every I/O step of a commit in turn.
 
 For single and numbered manifests, for a database's first commit and for a commit to an
-existing database (with numbered-manifest pruning), a :class:`~ocdbt_py.faults.FaultyStore`
+existing database (with numbered-manifest pruning), a :class:`~ocdbt_py.testing.faults.FaultyStore`
 makes each step of the commit raise, kill the process, or (for data-file writes) leave a torn
 file and kill the process.  Afterwards the database must read as the last committed version
 (the old one if the failure came before the manifest write, the new one after), ``verify``
@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 import ocdbt_py
-from ocdbt_py.faults import KILL_STATUS, FaultyStore, InjectedFault
 from ocdbt_py.kvstore import LocalStore
-from ocdbt_py.version_read import MANIFEST_KEY
+from ocdbt_py.read.version_read import MANIFEST_KEY
+from ocdbt_py.testing.faults import KILL_STATUS, FaultyStore, InjectedFault
 from tests.ocdbt_write._crash_child import NEW as _NEW
 from tests.ocdbt_write._crash_child import RESULT_PREFIX, SERVER_SUPPORTED, scenario_line
 from tests.ocdbt_write._crash_child import commit as _commit

@@ -11,8 +11,8 @@ import pytest
 
 import ocdbt_py
 from ocdbt_py.errors import UnsupportedError
+from ocdbt_py.maintenance.gc import collect_garbage
 from ocdbt_py.timeutil import format_nanoseconds
-from ocdbt_py.write.gc import collect_garbage
 from tests.ocdbt_write.helpers import assert_verified, data_files
 
 OLD = time.time() + 10 * 3600  # "now" for gc: ten hours after the files were written
@@ -134,8 +134,8 @@ def test_gc_spares_an_in_flight_commit(tmp_path: Path) -> None:
     """Files a writer has written but not yet committed are younger than the grace period."""
     _history(tmp_path)
     db = ocdbt_py.open(tmp_path, mode="a")
-    from ocdbt_py.faults import FaultyStore, InjectedFault
     from ocdbt_py.kvstore import LocalStore
+    from ocdbt_py.testing.faults import FaultyStore, InjectedFault
 
     # a commit that wrote its data file, then lost its manifest write (e.g. crashed)
     faulty = FaultyStore(LocalStore(tmp_path), ops=["set_if"], fail_at=0)

@@ -315,7 +315,7 @@ def test_threads_share_one_store(tmp_path: Path) -> None:
 
 
 def test_writer_recovers_after_failed_commit(tmp_path: Path) -> None:
-    from ocdbt_py.faults import FaultyStore, InjectedFault
+    from ocdbt_py.testing.faults import FaultyStore, InjectedFault
 
     base = LocalStore(tmp_path)
     probe = FaultyStore(base, ops=["set_if"])

@@ -359,7 +359,7 @@ class CheckpointManager(Lifecycle):
         * ``target``: as :func:`ocdbt_py.checkpoint.restore` (for several items a dict keyed
           by item name) -- JAX targets give sharded ``jax.Array`` leaves.
         """
-        from ocdbt_py.checkpoint.restoring import restore
+        from ocdbt_py.checkpoint.restore.api import restore
 
         _, name = self._resolve_step(step)
         skv = PrefixStore(self.kv, name)

@@ -551,7 +551,7 @@ class MultiTierCheckpointManager(Lifecycle):
     def _read(self, plan: RestorePlan, target: Any) -> tuple[Any, str | None]:
         """This process's part of ``plan``: the restored tree (``None`` when it only receives)
         and an error message (``None`` on success)."""
-        from ocdbt_py.checkpoint.restoring import restore
+        from ocdbt_py.checkpoint.restore.api import restore
 
         name = self.step_name_format.name(plan.step)
         try:

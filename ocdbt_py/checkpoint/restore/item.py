@@ -12,14 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from ocdbt_py.checkpoint import msgpack_legacy
-from ocdbt_py.checkpoint.gcpause import paused_gc
 from ocdbt_py.checkpoint.jsonio import parse_json, read_bytes, read_json
 from ocdbt_py.checkpoint.layout import Listing
 from ocdbt_py.checkpoint.pytree import build_tree
-from ocdbt_py.checkpoint.reader import ArrayReader, LazyArray, start_prefetch
-from ocdbt_py.checkpoint.remoteread import Prefetch
-from ocdbt_py.checkpoint.storage import ArrayStore, open_array_store
+from ocdbt_py.checkpoint.restore import msgpack_legacy
+from ocdbt_py.checkpoint.restore.gcpause import paused_gc
+from ocdbt_py.checkpoint.restore.reader import ArrayReader, LazyArray, start_prefetch
+from ocdbt_py.checkpoint.restore.remoteread import Prefetch
+from ocdbt_py.checkpoint.restore.storage import ArrayStore, open_array_store
 from ocdbt_py.checkpoint.treemeta import (
     ARRAY,
     EMPTY,

@@ -11,7 +11,7 @@ from ocdbt_py.format.config import MANIFEST_KIND_NUMBERED
 from ocdbt_py.format.manifest import Manifest, decode_manifest
 from ocdbt_py.format.version_tree import BtreeGenerationReference, VersionNodeReference
 from ocdbt_py.kvstore.base import KvStore
-from ocdbt_py.node_reader import NodeReader
+from ocdbt_py.read.node_reader import NodeReader
 
 __all__ = [
     "MANIFEST_KEY",

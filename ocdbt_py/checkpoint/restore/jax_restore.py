@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ocdbt_py.checkpoint.item import ARRAY, EMPTY, INLINE, SCALAR, STRING, Leaf, PyTreeItem
+from ocdbt_py.checkpoint.restore.item import ARRAY, EMPTY, INLINE, SCALAR, STRING, Leaf, PyTreeItem
 
 __all__ = ["restore_jax_leaves"]
 
@@ -48,7 +48,7 @@ def restore_jax_leaves(item: PyTreeItem, leaves: Sequence[tuple[Leaf, Any]]) -> 
     sliced per device in memory; larger ones are read region by region, each device's index
     domain straight from storage.
     """
-    from ocdbt_py.checkpoint import reader as reader_mod
+    from ocdbt_py.checkpoint.restore import reader as reader_mod
 
     small: list[str] = []
     for leaf, t in leaves:

@@ -42,8 +42,8 @@ from ocdbt_py.format.version_tree import (
     encode_version_tree_node,
 )
 from ocdbt_py.kvstore.base import KvStore
-from ocdbt_py.node_reader import NodeReader
-from ocdbt_py.version_read import MANIFEST_KEY, all_versions
+from ocdbt_py.read.node_reader import NodeReader
+from ocdbt_py.read.version_read import MANIFEST_KEY, all_versions
 from ocdbt_py.write.data_writer import DataWriter
 from ocdbt_py.write.manifest_io import is_numbered
 from ocdbt_py.write.version_tree_writer import add_generation, next_commit_time

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ocdbt_py.checkpoint.bufpool import SlabPool
-from ocdbt_py.checkpoint.locations import scan_locations
+from ocdbt_py.checkpoint.restore.bufpool import SlabPool
+from ocdbt_py.checkpoint.restore.locations import scan_locations
 from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.keys import validate_key

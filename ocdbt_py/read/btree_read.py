@@ -13,7 +13,7 @@ from itertools import chain, islice
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.btree import BtreeNode, InteriorNode, LeafNode
 from ocdbt_py.format.data_file_table import IndirectDataReference
-from ocdbt_py.node_reader import NodeReader
+from ocdbt_py.read.node_reader import NodeReader
 
 __all__ = ["Root", "lookup", "lookup_many", "iterate", "Value"]
 

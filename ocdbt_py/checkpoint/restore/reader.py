@@ -9,11 +9,11 @@ descent) per metadata file and per chunk, so a whole-item read
   batch is fetched while the current one decodes) and decodes each straight into its output
   on the worker pool,
 * streams the chunks of all large arrays through one bounded fetch -> decode pipeline,
-* for items on the local filesystem, reads through :mod:`ocdbt_py.checkpoint.localread`
+* for items on the local filesystem, reads through :mod:`ocdbt_py.checkpoint.restore.localread`
   (coalesced ``preadv`` into reused buffers, ``mmap`` for large chunks) instead of allocating
   fresh buffers for every value,
 * and, for items anywhere else (object stores, fsspec URLs, any other :class:`KvStore`),
-  sends the chunks of all arrays through :mod:`ocdbt_py.checkpoint.remoteread`: located once,
+  sends the chunks of all arrays through :mod:`ocdbt_py.checkpoint.restore.remoteread`: located once,
   merged across arrays into few range reads, fetched within a byte budget, decoded as they
   arrive.
 
@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from ocdbt_py.checkpoint.gcpause import paused_gc
-from ocdbt_py.checkpoint.localread import LocalSource, local_root
-from ocdbt_py.checkpoint.pages import small_pages
-from ocdbt_py.checkpoint.remoteread import Prefetch, RemoteSource
-from ocdbt_py.checkpoint.storage import ArrayStore
+from ocdbt_py.checkpoint.restore.gcpause import paused_gc
+from ocdbt_py.checkpoint.restore.localread import LocalSource, local_root
+from ocdbt_py.checkpoint.restore.pages import small_pages
+from ocdbt_py.checkpoint.restore.remoteread import Prefetch, RemoteSource
+from ocdbt_py.checkpoint.restore.storage import ArrayStore
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request, slice_range
 from ocdbt_py.kvstore.prefixed import PrefixStore

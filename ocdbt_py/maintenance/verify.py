@@ -19,7 +19,7 @@ rather than raised, up to ``max_problems``; a missing or truncated data file is 
 that counts the references it breaks.  Memory stays bounded: nodes are decoded a window at a
 time and only small per-node summaries (capped in number) are remembered.
 
->>> from ocdbt_py.verify import verify
+>>> from ocdbt_py.maintenance.verify import verify
 >>> report = verify("/path/to/db")          # doctest: +SKIP
 >>> report.ok, report.nodes, [str(p) for p in report.problems]   # doctest: +SKIP
 """
@@ -41,7 +41,7 @@ from ocdbt_py.format.version_tree import BtreeGenerationReference, VersionNodeRe
 from ocdbt_py.kvstore.base import KvStore
 
 if TYPE_CHECKING:
-    from ocdbt_py.node_reader import NodeReader
+    from ocdbt_py.read.node_reader import NodeReader
     from ocdbt_py.store import OcdbtStore
 
 __all__ = ["verify", "VerifyReport", "Problem"]
@@ -199,7 +199,7 @@ def _fmt_stats(s: Statistics) -> str:
 
 
 def _fmt_key(k: bytes) -> str:
-    from ocdbt_py.cli.keys import escape_key
+    from ocdbt_py.keys import escape_key
 
     s = escape_key(k)
     return repr(s if len(s) <= 80 else s[:77] + "...")
@@ -563,11 +563,11 @@ def verify(
     report being filled in.  Returns a :class:`VerifyReport` (a corrupt manifest is a problem
     too); raises :class:`~ocdbt_py.errors.NotFoundError` when there is no database at all.
     """
-    from ocdbt_py.cache import LruCache
     from ocdbt_py.kvstore import open_kvstore
-    from ocdbt_py.node_reader import NodeReader
+    from ocdbt_py.read.cache import LruCache
+    from ocdbt_py.read.node_reader import NodeReader
+    from ocdbt_py.read.version_read import find_generation, read_manifest
     from ocdbt_py.store import OcdbtStore
-    from ocdbt_py.version_read import find_generation, read_manifest
 
     selected: int | None = None
     if isinstance(db_or_url, OcdbtStore):

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ocdbt_py.checkpoint.item import ARRAY, INLINE, SCALAR, Leaf, PyTreeItem
 from ocdbt_py.checkpoint.pytree import Names, build_tree, dotted, flatten_with_names
-from ocdbt_py.checkpoint.reader import LazyArray
+from ocdbt_py.checkpoint.restore.item import ARRAY, INLINE, SCALAR, Leaf, PyTreeItem
+from ocdbt_py.checkpoint.restore.reader import LazyArray
 from ocdbt_py.errors import NotFoundError
 
 __all__ = ["restore_with_target"]
@@ -77,7 +77,7 @@ def restore_with_target(item: PyTreeItem, target: Any, *, lazy: bool = False) ->
         for (i, leaf, t), v in zip(plain, got):
             values[i] = _convert_plain(leaf, v, t)
     if jax_leaves:
-        from ocdbt_py.checkpoint.jax_restore import restore_jax_leaves
+        from ocdbt_py.checkpoint.restore.jax_restore import restore_jax_leaves
 
         got = restore_jax_leaves(item, [(leaf, t) for _, leaf, t in jax_leaves])
         for (i, _, _), v in zip(jax_leaves, got):

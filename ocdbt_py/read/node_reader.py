@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ocdbt_py.cache import LruCache
 from ocdbt_py.errors import CorruptionError, InvalidKeyError
 from ocdbt_py.format.btree import BtreeNode, decode_btree_node, node_nbytes
 from ocdbt_py.format.config import Config
@@ -16,6 +15,7 @@ from ocdbt_py.format.data_file_table import DataFileId, IndirectDataReference
 from ocdbt_py.format.version_tree import VersionTreeNode, decode_version_tree_node
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.keys import validate_key
+from ocdbt_py.read.cache import LruCache
 
 __all__ = ["NodeReader", "node_body_limit", "version_node_nbytes"]
 

@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from ocdbt_py.checkpoint.pages import small_pages
+from ocdbt_py.checkpoint.restore.pages import small_pages
 
 __all__ = ["SlabPool"]
 
