@@ -21,10 +21,10 @@ import os
 import shutil
 from typing import Any
 
-from ocdbt_py.checkpoint.saving.sinks import DeferredSyncStore
 from ocdbt_py.errors import OcdbtError, StorageError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.sinks import DeferredSyncStore
 
 __all__ = ["Destination", "CheckpointExistsError", "TMP_SUFFIX", "open_destination"]
 
