@@ -233,9 +233,19 @@ class ObjectStore(FsspecStore, abc.ABC):
         return True
 
     def read_ahead(self, requests: Sequence[tuple[str, tuple[int, int]]]) -> bool:
+        """:meth:`start_read_ahead`, returning ``False`` (nothing started) instead of raising
+        for keys or ranges this store refuses: the reads themselves then say what is wrong."""
+        if not requests:
+            return False
+        try:
+            self.start_read_ahead(requests)
+        except (ValueError, TypeError, OcdbtError):
+            return False
+        return True
+
+    def start_read_ahead(self, requests: Sequence[tuple[str, tuple[int, int]]]) -> concurrent.futures.Future[None]:
         """Start reading bytes ``[start, stop)`` of each ``(key, (start, stop))``, all
-        concurrently, and return at once (``False``: nothing started, for keys or ranges this
-        store refuses; the reads themselves then say what is wrong); each result
+        concurrently, and return at once (the future says when all have arrived); each result
         (absent objects included) answers the next :meth:`get` of its key whose range it
         covers, once, within :attr:`ahead_seconds`.
 
@@ -244,17 +254,13 @@ class ObjectStore(FsspecStore, abc.ABC):
         trip this way, while it does other work.  A range read from offset 0 that comes back
         shorter than asked holds the whole object, so it also answers reads of any range.
         Failures are not reported here: the later :meth:`get` then makes its own request (and
-        reports its own error).  Writing or deleting a key drops what was read ahead for it."""
-        if not requests:
-            return False
-        try:
-            reqs = [(k, (int(r[0]), int(r[1]))) for k, r in requests]
-            for k, (start, stop) in reqs:
-                self._locate(k)
-                if start < 0 or stop <= start:
-                    return False
-        except (ValueError, TypeError, OcdbtError):
-            return False
+        reports its own error).  Writing or deleting a key drops what was read ahead for it.
+        ``ValueError`` for ranges other than ``0 <= start < stop``."""
+        reqs = [(k, (int(r[0]), int(r[1]))) for k, r in requests]
+        for k, (start, stop) in reqs:
+            self._locate(k)
+            if start < 0 or stop <= start:
+                raise ValueError("read_ahead needs ranges 0 <= start < stop")
         fut = self._start_ahead(reqs)
         now = time.monotonic()
         with self._ahead_lock:
@@ -262,7 +268,9 @@ class ObjectStore(FsspecStore, abc.ABC):
                 del self._ahead[k]
             for i, (k, r) in enumerate(reqs):
                 self._ahead[k] = (fut, i, r, now + self.ahead_seconds)
-        return True
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        fut.add_done_callback(lambda _f: done.set_result(None))
+        return done
 
     def _start_ahead(self, reqs: Sequence[tuple[str, tuple[int, int]]]) -> concurrent.futures.Future[list[Any]]:
         """Start the reads of :meth:`read_ahead`; the future gives each result (bytes, ``None``
