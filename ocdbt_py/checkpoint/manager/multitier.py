@@ -402,7 +402,6 @@ class MultiTierCheckpointManager(Lifecycle):
             return False
         items: dict[str, Any] = {}
         if metrics is not None:
-
             items[METRICS_ITEM] = JsonItem(metrics_json(metrics), filename=METRICS_FILE)
         fingerprint = state_fingerprint(state)
         if local:
