@@ -1,0 +1,146 @@
+"""``ocp.args``: what to save or restore and how (Orbax's ``CheckpointArgs`` classes).
+
+>>> import ocdbt_py.orbax as ocp
+>>> args = ocp.args.Composite(state=ocp.args.StandardSave(state),          # doctest: +SKIP
+...                           meta=ocp.args.JsonSave({"lr": 1e-3}))
+
+Each class has the fields of its Orbax namesake; :class:`Composite` maps item names to
+arguments and is also the type of a composite restore's result (indexable by name or
+attribute).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+__all__ = [
+    "CheckpointArgs",
+    "StandardSave",
+    "StandardRestore",
+    "PyTreeSave",
+    "PyTreeRestore",
+    "JsonSave",
+    "JsonRestore",
+    "ArraySave",
+    "ArrayRestore",
+    "Composite",
+]
+
+
+class CheckpointArgs:
+    """Base class of every save/restore argument object."""
+
+
+@dataclasses.dataclass
+class StandardSave(CheckpointArgs):
+    """Save a tree of arrays and scalars (``StandardCheckpointHandler``)."""
+
+    item: Any
+    save_args: Any = None
+    custom_metadata: Any = None
+
+
+@dataclasses.dataclass
+class StandardRestore(CheckpointArgs):
+    """Restore a tree saved with :class:`StandardSave`; ``item`` is the target (abstract
+    ``jax.ShapeDtypeStruct`` leaves with shardings, arrays, or ``None`` for as stored)."""
+
+    item: Any = None
+    strict: bool = True
+    support_layout: bool = False
+    fallback_sharding: Any = None
+
+
+@dataclasses.dataclass
+class PyTreeSave(CheckpointArgs):
+    """Save any tree (strings too) with per-leaf ``save_args`` (``PyTreeCheckpointHandler``)."""
+
+    item: Any
+    save_args: Any = None
+    ocdbt_target_data_file_size: int | None = None
+    custom_metadata: Any = None
+
+
+@dataclasses.dataclass
+class PyTreeRestore(CheckpointArgs):
+    """Restore a tree; ``item`` gives the structure, ``restore_args`` the per-leaf types and
+    shardings (``checkpoint_utils.construct_restore_args``)."""
+
+    item: Any = None
+    restore_args: Any = None
+    transforms: Any = None
+    transforms_default_to_original: bool = True
+    legacy_transform_fn: Any = None
+    partial_restore: bool = False
+
+
+@dataclasses.dataclass
+class JsonSave(CheckpointArgs):
+    """Save a JSON-serializable object (``JsonCheckpointHandler``)."""
+
+    item: Any
+
+
+@dataclasses.dataclass
+class JsonRestore(CheckpointArgs):
+    """Restore a JSON item."""
+
+    item: Any = None
+
+
+@dataclasses.dataclass
+class ArraySave(CheckpointArgs):
+    """Save one array (``ArrayCheckpointHandler``)."""
+
+    item: Any
+    save_args: Any = None
+
+
+@dataclasses.dataclass
+class ArrayRestore(CheckpointArgs):
+    """Restore one array saved with :class:`ArraySave`."""
+
+    item: Any = None
+    restore_args: Any = None
+
+
+class Composite(CheckpointArgs, Mapping[str, Any]):
+    """Item name -> arguments (or, as a restore result, item name -> restored object).
+
+    ``Composite(state=..., meta=...)``; ``c["state"]``, ``c.state``, ``"state" in c``,
+    ``c.items()``.
+    """
+
+    def __init__(self, **items: Any):
+        reserved = {"items", "keys", "values", "get"} & set(items)
+        if reserved:
+            raise ValueError(f"Composite item names may not be {sorted(reserved)} (they are methods)")
+        object.__setattr__(self, "_items", dict(items))
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self.__dict__["_items"][key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError("Composite is immutable")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Composite) and self._items == other._items
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Composite({', '.join(f'{k}={v!r}' for k, v in self._items.items())})"
