@@ -9,10 +9,14 @@ methods work on a directory too.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
+from ocdbt_py.checkpoint.pytree import flatten_with_names
 from ocdbt_py.checkpoint.saving.api import JsonItem
 from ocdbt_py.errors import UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
@@ -176,7 +180,16 @@ class StandardCheckpointHandler(PyTreeCheckpointHandler):
         """The item (cast per ``save_args``) and chunk sizes."""
         if not isinstance(args, args_lib.StandardSave):
             raise TypeError(f"StandardCheckpointHandler saves StandardSave, not {type(args).__name__}")
+        flat, rebuild = flatten_with_names(args.item)
+        if any(_array_like_scalar(v) for _, v in flat):
+            # as Orbax's StandardSave: array-likes (NumPy scalars) are saved as 0-d arrays
+            item = rebuild([np.asarray(v) if _array_like_scalar(v) else v for _, v in flat])
+            args = dataclasses.replace(args, item=item)
         return super().to_native(args)
+
+
+def _array_like_scalar(x: Any) -> bool:
+    return isinstance(x, np.generic) and hasattr(x, "__array__")
 
 
 class JsonCheckpointHandler(CheckpointHandler):
