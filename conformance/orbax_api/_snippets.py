@@ -244,8 +244,10 @@ def composite_mesh_read(ocp: Any, root: str) -> dict[str, Any]:
             opt_state=ocp.args.PyTreeRestore(
                 abstract_opt, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_opt)),
             config=ocp.args.JsonRestore()))
+        as_saved = mngr.restore(step)  # no args: every item, arrays on their saved shardings
         return {"steps": list(mngr.all_steps()), "step": step, "params": describe(restored.params),
-                "opt_state": describe(restored["opt_state"]), "config": restored.config}
+                "opt_state": describe(restored["opt_state"]), "config": restored.config,
+                "as_saved": describe(as_saved)}
 
 
 def standard_jax_write(ocp: Any, root: str) -> dict[str, Any]:
@@ -262,7 +264,8 @@ def standard_jax_read(ocp: Any, root: str) -> dict[str, Any]:
     like = _train_state(_mesh((4, 2)))["params"]
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     ckptr = ocp.StandardCheckpointer()
-    return {"restored": describe(ckptr.restore(f"{root}/std", abstract))}
+    return {"restored": describe(ckptr.restore(f"{root}/std", abstract)),
+            "as_saved": describe(ckptr.restore(f"{root}/std"))}
 
 
 NUMPY = ["chunks", "continuous", "custom_policy", "retention", "standard_np"]

@@ -109,27 +109,34 @@ class ArrayRestore(CheckpointArgs):
 class Composite(CheckpointArgs, Mapping[str, Any]):
     """Item name -> arguments (or, as a restore result, item name -> restored object).
 
-    ``Composite(state=..., meta=...)``; ``c["state"]``, ``c.state``, ``"state" in c``,
-    ``c.items()``.
+    ``Composite(state=..., meta=...)``; ``c["state"]``, ``c.state`` (for names that are not
+    methods), ``"state" in c``, ``c.items()``, ``c.get(name)``, ``c | other``, ``c & other``.
+    Immutable.
     """
 
+    _items: dict[str, Any]
+
     def __init__(self, **items: Any):
-        reserved = {"items", "keys", "values", "get"} & set(items)
-        if reserved:
-            raise ValueError(f"Composite item names may not be {sorted(reserved)} (they are methods)")
+        for key in items:
+            if key.startswith("__"):
+                raise ValueError(f'Composite keys cannot start with "__". Got: {key}')
         object.__setattr__(self, "_items", dict(items))
 
     def __getitem__(self, key: str) -> Any:
+        if key not in self._items:
+            raise KeyError(f"Unknown key: {key}. Available keys: {self._items.keys()}")
         return self._items[key]
 
     def __getattr__(self, key: str) -> Any:
+        if key.startswith("__") or key == "_items":
+            raise AttributeError(key)
         try:
-            return self.__dict__["_items"][key]
+            return self._items[key]
         except KeyError:
-            raise AttributeError(key) from None
+            raise AttributeError(f"Unknown key: {key}. Available keys: {self._items.keys()}") from None
 
     def __setattr__(self, key: str, value: Any) -> None:
-        raise AttributeError("Composite is immutable")
+        raise ValueError("Composite is immutable after initialization.")
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)
@@ -137,10 +144,19 @@ class Composite(CheckpointArgs, Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __or__(self, other: Mapping[str, Any]) -> Composite:
+        return Composite(**{**self._items, **dict(other)})
+
+    def __and__(self, other: Mapping[str, Any]) -> Composite:
+        return Composite(**{k: v for k, v in self._items.items() if k in other})
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Composite) and self._items == other._items
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"Composite({', '.join(f'{k}={v!r}' for k, v in self._items.items())})"
+        return f"Composite({self._items!r})"

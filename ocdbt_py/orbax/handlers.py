@@ -141,8 +141,11 @@ class PyTreeCheckpointHandler(CheckpointHandler):
         """Restore with ``args.item`` / ``args.restore_args`` as the target."""
         from ocdbt_py.checkpoint.restore.api import restore
 
-        if args is None:
-            return restore(location, None, item=item)
+        if args is None or (getattr(args, "item", None) is None and getattr(args, "restore_args", None) is None):
+            # as Orbax: arrays saved from JAX come back on their saved shardings (JAX loaded)
+            from ocdbt_py.orbax._saved_shardings import saved_sharding_target
+
+            return restore(location, saved_sharding_target(location, item), item=item)
         if isinstance(args, args_lib.PyTreeRestore):
             if args.transforms is not None or args.legacy_transform_fn is not None:
                 raise UnsupportedError("PyTreeRestore(transforms=...) is not supported; restore, then transform")
