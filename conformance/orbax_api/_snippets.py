@@ -157,6 +157,27 @@ def retention_read(ocp: Any, root: str) -> dict[str, Any]:
     return out
 
 
+# ---- root and step metadata ------------------------------------------------------------
+
+def metadata_write(ocp: Any, root: str) -> dict[str, Any]:
+    options = ocp.CheckpointManagerOptions(best_fn=lambda m: m["acc"])
+    with ocp.CheckpointManager(f"{root}/mgr", options=options, metadata={"model": "tiny", "layers": 2}) as mngr:
+        mngr.save(1, args=ocp.args.StandardSave({"w": np.ones((2, 3), "float32")}), metrics={"acc": 0.25},
+                  custom_metadata={"note": "first"})
+        mngr.wait_until_finished()
+        return {"root": mngr.metadata().custom_metadata}
+
+
+def metadata_read(ocp: Any, root: str) -> dict[str, Any]:
+    # Orbax gives item metadata only for items whose handler it knows: register it
+    with ocp.CheckpointManager(f"{root}/mgr", item_handlers=ocp.StandardCheckpointHandler()) as mngr:
+        step = mngr.metadata(1)
+        items = step.item_metadata
+        return {"root": mngr.metadata().custom_metadata, "custom": step.custom_metadata,
+                "metrics": dict(step.metrics), "metrics_fn": mngr.metrics(1),
+                "w": [list(items["w"].shape), str(np.dtype(items["w"].dtype))]}
+
+
 # ---- StandardCheckpointer (NumPy) -------------------------------------------------------
 
 def standard_np_write(ocp: Any, root: str) -> dict[str, Any]:
@@ -268,6 +289,6 @@ def standard_jax_read(ocp: Any, root: str) -> dict[str, Any]:
             "as_saved": describe(ckptr.restore(f"{root}/std"))}
 
 
-NUMPY = ["chunks", "continuous", "custom_policy", "retention", "standard_np"]
+NUMPY = ["chunks", "continuous", "custom_policy", "retention", "metadata", "standard_np"]
 JAX = ["composite_mesh", "standard_jax"]
 SNIPPETS = NUMPY + JAX

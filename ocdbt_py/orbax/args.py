@@ -23,8 +23,6 @@ __all__ = [
     "PyTreeRestore",
     "JsonSave",
     "JsonRestore",
-    "ArraySave",
-    "ArrayRestore",
     "Composite",
 ]
 
@@ -88,22 +86,6 @@ class JsonRestore(CheckpointArgs):
     """Restore a JSON item."""
 
     item: Any = None
-
-
-@dataclasses.dataclass
-class ArraySave(CheckpointArgs):
-    """Save one array (``ArrayCheckpointHandler``)."""
-
-    item: Any
-    save_args: Any = None
-
-
-@dataclasses.dataclass
-class ArrayRestore(CheckpointArgs):
-    """Restore one array saved with :class:`ArraySave`."""
-
-    item: Any = None
-    restore_args: Any = None
 
 
 class Composite(CheckpointArgs, Mapping[str, Any]):

@@ -13,7 +13,6 @@ import dataclasses
 import datetime
 import os
 import pathlib
-import sys
 import threading
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
@@ -25,10 +24,17 @@ from ocdbt_py.errors import NotFoundError, UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
 from ocdbt_py.orbax import args as args_lib
+from ocdbt_py.orbax import utils
 from ocdbt_py.orbax.checkpoint_managers import preservation_policy as pp
 from ocdbt_py.orbax.checkpoint_managers import save_decision_policy as sdp
 from ocdbt_py.orbax.handlers import CheckpointHandler, CompositeCheckpointHandler
-from ocdbt_py.orbax.metadata import RootMetadata, StepMetadata, step_metadata
+from ocdbt_py.orbax.metadata import (
+    RootMetadata,
+    StepMetadata,
+    read_root_metadata,
+    step_metadata,
+    write_root_metadata,
+)
 from ocdbt_py.orbax.options import AsyncOptions, FileOptions, MultiprocessingOptions
 
 __all__ = ["CheckpointManager", "CheckpointManagerOptions", "CheckpointInfo", "StepAlreadyExistsError",
@@ -188,7 +194,9 @@ class CheckpointManager:
         self._handler = CompositeCheckpointHandler(*(item_names or ()), **handlers)
         self._save_policy = o.save_decision_policy or default_save_decision_policy(o)
         self._preservation = o.preservation_policy or default_preservation_policy(o)
-        self._root_metadata = dict(metadata) if metadata is not None else None
+        self._root_metadata: RootMetadata | None = None
+        if metadata is not None and o.save_root_metadata and not o.read_only and self._native.is_primary:
+            write_root_metadata(self._native.kv, dict(metadata))
         self._lock = threading.Lock()
         self._checkpoints: list[CheckpointInfo] = []
         self._saving = False
@@ -272,15 +280,7 @@ class CheckpointManager:
 
     def reached_preemption(self, step: int) -> bool:
         """Whether JAX's preemption sync point is reached (multi-process JAX jobs only)."""
-        if "jax" not in sys.modules:
-            return False
-        import jax
-
-        if jax.process_count() <= 1:
-            return False
-        from jax.experimental import multihost_utils
-
-        return bool(multihost_utils.reached_preemption_sync_point(step))
+        return utils.reached_preemption(step)
 
     def should_save(self, step: int) -> bool:
         """Whether ``save(step, ...)`` saves: the save decision policy, asked with the tracked
@@ -460,7 +460,9 @@ class CheckpointManager:
     def metadata(self, step: int | None = None) -> StepMetadata | RootMetadata:
         """A step's :class:`StepMetadata`, or (no step) the manager's :class:`RootMetadata`."""
         if step is None:
-            return RootMetadata(custom_metadata=dict(self._root_metadata or {}))
+            if self._root_metadata is None:
+                self._root_metadata = read_root_metadata(self._native.kv)
+            return self._root_metadata
         location = self._step_location(step, None)
         if self._default is None:
             self._default = DEFAULT_ITEM_NAME in self._available(location)

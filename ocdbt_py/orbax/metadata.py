@@ -8,7 +8,7 @@ from typing import Any
 
 from ocdbt_py.kvstore.base import KvStore
 
-__all__ = ["StepMetadata", "RootMetadata", "step_metadata"]
+__all__ = ["StepMetadata", "RootMetadata", "step_metadata", "read_root_metadata", "write_root_metadata"]
 
 
 @dataclasses.dataclass
@@ -26,9 +26,37 @@ class StepMetadata:
 
 @dataclasses.dataclass
 class RootMetadata:
-    """Manager-level metadata (``custom_metadata``)."""
+    """Manager-level metadata, stored in ``<root>/metadata/_ROOT_METADATA`` as Orbax does."""
 
+    internal_metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
     custom_metadata: dict[str, Any] | None = None
+
+
+ROOT_METADATA_FILE = "metadata/_ROOT_METADATA"
+_LEGACY_ROOT_METADATA_FILE = "metadata/metadata"
+
+
+def read_root_metadata(kv: KvStore) -> RootMetadata:
+    """The root metadata of a manager root (empty when none was saved)."""
+    from ocdbt_py.checkpoint.jsonio import read_json
+
+    for key in (ROOT_METADATA_FILE, _LEGACY_ROOT_METADATA_FILE):
+        doc = read_json(kv, key)
+        if isinstance(doc, dict):
+            custom = doc.get("custom_metadata")
+            internal = doc.get("internal_metadata")
+            return RootMetadata(internal if isinstance(internal, dict) else {},
+                                dict(custom) if isinstance(custom, dict) else {})
+    return RootMetadata(custom_metadata={})
+
+
+def write_root_metadata(kv: KvStore, custom_metadata: dict[str, Any]) -> None:
+    """Write the root metadata unless a previous run did (Orbax keeps the first)."""
+    import json
+
+    if not kv.exists(ROOT_METADATA_FILE):
+        doc = {"internal_metadata": {}, "custom_metadata": dict(custom_metadata)}
+        kv.set(ROOT_METADATA_FILE, json.dumps(doc).encode())
 
 
 def step_metadata(location: str | os.PathLike[str] | KvStore, *, composite: bool) -> StepMetadata:

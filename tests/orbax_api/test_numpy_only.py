@@ -71,3 +71,10 @@ def test_standard_checkpointer(results: dict) -> None:
     assert r["plain"]["step"]["dtype"] == "int64"  # a NumPy scalar is saved as a 0-d array
     assert r["target"]["dense"]["kernel"]["dtype"] == "float32"
     assert np.asarray(r["plain"]["embed"]["values"]).shape == (128,)
+
+
+def test_root_and_step_metadata(results: dict) -> None:
+    r = results["metadata"]["read"]
+    assert r["root"] == {"model": "tiny", "layers": 2}
+    assert r["custom"] == {"note": "first"} and r["metrics"] == {"acc": 0.25}
+    assert r["w"] == [[2, 3], "float32"]
