@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ocdbt_py.checkpoint.saving.atomic import CheckpointExistsError, open_destination
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.orbax import args as args_lib
 from ocdbt_py.orbax.handlers import (
@@ -22,9 +23,14 @@ from ocdbt_py.orbax.handlers import (
 )
 from ocdbt_py.orbax.metadata import StepMetadata, step_metadata
 
-__all__ = ["AbstractCheckpointer", "Checkpointer", "AsyncCheckpointer", "StandardCheckpointer", "PyTreeCheckpointer"]
+__all__ = ["DestinationExistsError", "AbstractCheckpointer", "Checkpointer", "AsyncCheckpointer", "StandardCheckpointer", "PyTreeCheckpointer"]
 
 Location = str | os.PathLike[str] | KvStore
+
+
+class DestinationExistsError(CheckpointExistsError, ValueError):
+    """``save`` without ``force`` found the directory already there (a ``ValueError``, as
+    Orbax raises)."""
 
 
 def _args_from_call(handler: CheckpointHandler, for_save: bool, positional: tuple[Any, ...],
@@ -76,6 +82,8 @@ class Checkpointer(AbstractCheckpointer):
         if a is None:
             raise ValueError("nothing to save: pass args=")
         self.wait_until_finished()
+        if not force and open_destination(directory, None).exists():
+            raise DestinationExistsError(f"Destination {directory} already exists.")
         if isinstance(self._handler, CompositeCheckpointHandler):
             items, options = self._handler.to_native_items(a)
             composite = True

@@ -110,6 +110,9 @@ class CheckpointManagerOptions:
             self.save_on_steps = None
             self.todelete_subdir = self.todelete_full_path = None
             self.should_save_fn = None
+        if self.todelete_full_path is not None:
+            raise UnsupportedError("todelete_full_path (a GCS bucket-relative trash path) is not supported; "
+                                   "use todelete_subdir")
         if self.todelete_subdir is not None and self.todelete_full_path is not None:
             raise ValueError("todelete_subdir and todelete_full_path both cannot be set togther")
         self.save_on_steps = frozenset(self.save_on_steps or ())  # type: ignore[call-overload]

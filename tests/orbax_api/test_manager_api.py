@@ -101,8 +101,11 @@ def test_checkpointers_and_per_leaf_save_args(tmp_path) -> None:
     restored = ck.restore(tmp_path / "c", args=ocp.args.PyTreeRestore(
         restore_args={"a": ocp.RestoreArgs(restore_type=np.ndarray, dtype=np.float64), "b": ocp.RestoreArgs()}))
     assert restored["a"].dtype == np.float64 and restored["b"].dtype == np.float16
-    with pytest.raises(FileExistsError):
+    with pytest.raises(ValueError, match="already exists"):  # Orbax raises ValueError
         ck.save(tmp_path / "c", args=ocp.args.PyTreeSave(tree))
+    async_ck = ocp.StandardCheckpointer()
+    with pytest.raises(ValueError, match="already exists"):  # checked before the background part
+        async_ck.save(tmp_path / "c", tree)
     ck.save(tmp_path / "c", tree, force=True)  # legacy positional item
     assert ck.metadata(tmp_path / "c").item_metadata["a"].shape == (64, 64)
     with pytest.raises(UnsupportedError):
