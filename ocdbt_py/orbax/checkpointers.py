@@ -23,7 +23,8 @@ from ocdbt_py.orbax.handlers import (
 )
 from ocdbt_py.orbax.metadata import StepMetadata, step_metadata
 
-__all__ = ["DestinationExistsError", "AbstractCheckpointer", "Checkpointer", "AsyncCheckpointer", "StandardCheckpointer", "PyTreeCheckpointer"]
+__all__ = ["DestinationExistsError", "AbstractCheckpointer", "Checkpointer", "AsyncCheckpointer",
+           "StandardCheckpointer", "PyTreeCheckpointer"]
 
 Location = str | os.PathLike[str] | KvStore
 

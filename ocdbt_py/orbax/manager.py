@@ -20,7 +20,7 @@ from typing import Any
 from ocdbt_py.checkpoint.manager.manager import CheckpointManager as NativeManager
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.save_policy import SpecificSteps
-from ocdbt_py.errors import NotFoundError, UnsupportedError
+from ocdbt_py.errors import NotFoundError, StorageError, UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
 from ocdbt_py.orbax import args as args_lib
@@ -374,16 +374,29 @@ class CheckpointManager:
     def _delete_stored(self, step: int) -> None:
         sub = self._options.todelete_subdir
         if sub is not None and self._native.is_primary:
-            name = self._native.step_name_format.name(step)
-            kv = self._native.kv
-            for key in list(kv.list(f"{name}/")):
-                data = kv.get(key)
-                if data is not None:
-                    kv.set(f"{sub}/{key}", data)
+            self._move_to_subdir(step, sub)
         try:
             self._native.delete(step)
         except NotFoundError:
             pass  # already gone (deleted by someone else)
+
+    def _move_to_subdir(self, step: int, sub: str) -> None:
+        """``todelete_subdir``: keep the step under ``<root>/<sub>/`` (renamed on local disks,
+        copied elsewhere); the native delete then removes whatever is left."""
+        name = self._native.step_name_format.name(step)
+        kv = self._native.kv
+        src, dst_dir = kv.local_path(name), kv.local_path(sub)
+        if src is not None and dst_dir is not None:
+            os.makedirs(dst_dir, exist_ok=True)
+            try:
+                os.rename(src, os.path.join(dst_dir, name))
+            except OSError as e:
+                raise StorageError(f"cannot move {src} into {dst_dir}: {e}") from e
+            return
+        for key in list(kv.list(f"{name}/")):
+            data = kv.get(key)
+            if data is not None:
+                kv.set(f"{sub}/{key}", data)
 
     def _raise_finalize_error(self) -> None:
         err, self._finalize_error = self._finalize_error, None

@@ -74,6 +74,16 @@ def test_todelete_subdir_keeps_deleted_steps(tmp_path) -> None:
     assert mngr.all_steps() == [1]
     np.testing.assert_array_equal(restore(tmp_path / "m" / "trash" / "0" / "default")["x"], [0, 0])
     mngr.close()
+    url = "memory://i16-orbax/trash-run"  # no rename on object stores: copied, then deleted
+    mngr = ocp.CheckpointManager(url, options=ocp.CheckpointManagerOptions(max_to_keep=1, todelete_subdir="trash"))
+    for s in range(3):
+        mngr.save(s, args=ocp.args.StandardSave({"x": np.full(2, s)}))
+    mngr.wait_until_finished()
+    assert mngr.all_steps() == [2] and ocp.CheckpointManager(url).all_steps() == [2]
+    np.testing.assert_array_equal(restore(f"{url}/trash/1/default")["x"], [1, 1])
+    mngr.close()
+    with pytest.raises(UnsupportedError):
+        ocp.CheckpointManagerOptions(todelete_full_path="trash")
 
 
 def test_fsspec_root_and_reload(tmp_path) -> None:
