@@ -87,6 +87,29 @@ def continuous_read(ocp: Any, root: str) -> dict[str, Any]:
         return {"steps": list(mngr.all_steps()), "latest": describe(mngr.restore(mngr.latest_step()))}
 
 
+def continuous_in_flight_write(ocp: Any, root: str) -> dict[str, Any]:
+    """No new save while one is in flight: the commit is held back by the post-finalization
+    callback until the script has asked."""
+    import threading
+
+    release = threading.Event()
+    options = ocp.CheckpointManagerOptions(
+        save_decision_policy=ocp.checkpoint_managers.ContinuousCheckpointingPolicy(),
+        async_options=ocp.AsyncOptions(post_finalization_callback=lambda: release.wait(30)))
+    with ocp.CheckpointManager(f"{root}/mgr", options=options) as mngr:
+        first = bool(mngr.save(0, args=ocp.args.StandardSave({"x": np.zeros(4)})))
+        busy = [bool(mngr.is_saving_in_progress()), bool(mngr.should_save(1))]
+        release.set()
+        mngr.wait_until_finished()
+        after = [bool(mngr.is_saving_in_progress()), bool(mngr.should_save(1))]
+        return {"first": first, "busy": busy, "after": after, "steps": list(mngr.all_steps())}
+
+
+def continuous_in_flight_read(ocp: Any, root: str) -> dict[str, Any]:
+    with ocp.CheckpointManager(f"{root}/mgr") as mngr:
+        return {"steps": list(mngr.all_steps())}
+
+
 # ---- a custom PreservationPolicy subclass ---------------------------------------------
 
 def _keep_even_cls(ocp: Any) -> Any:
@@ -289,6 +312,6 @@ def standard_jax_read(ocp: Any, root: str) -> dict[str, Any]:
             "as_saved": describe(ckptr.restore(f"{root}/std"))}
 
 
-NUMPY = ["chunks", "continuous", "custom_policy", "retention", "metadata", "standard_np"]
+NUMPY = ["chunks", "continuous", "continuous_in_flight", "custom_policy", "retention", "metadata", "standard_np"]
 JAX = ["composite_mesh", "standard_jax"]
 SNIPPETS = NUMPY + JAX

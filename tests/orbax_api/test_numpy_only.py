@@ -78,3 +78,8 @@ def test_root_and_step_metadata(results: dict) -> None:
     assert r["root"] == {"model": "tiny", "layers": 2}
     assert r["custom"] == {"note": "first"} and r["metrics"] == {"acc": 0.25}
     assert r["w"] == [[2, 3], "float32"]
+
+
+def test_continuous_waits_for_the_save_in_flight(results: dict) -> None:
+    w = results["continuous_in_flight"]["write"]
+    assert w == {"first": True, "busy": [True, False], "after": [False, True], "steps": [0]}
