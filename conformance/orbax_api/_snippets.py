@@ -180,6 +180,40 @@ def retention_read(ocp: Any, root: str) -> dict[str, Any]:
     return out
 
 
+# ---- item handlers given to the manager (Zarr v3 for one item), legacy checkpointer calls ----
+
+def handlers_write(ocp: Any, root: str) -> dict[str, Any]:
+    handlers = {"params": ocp.PyTreeCheckpointHandler(use_zarr3=True), "cfg": ocp.JsonCheckpointHandler()}
+    with ocp.CheckpointManager(f"{root}/mgr", item_handlers=handlers,
+                               options=ocp.CheckpointManagerOptions(max_to_keep=1)) as mngr:
+        for step in (0, 1):
+            mngr.save(step, args=ocp.args.Composite(params=ocp.args.PyTreeSave(_params(step), save_args=None),
+                                                    cfg=ocp.args.JsonSave({"step": step, "name": "run"})))
+        mngr.wait_until_finished()
+        kept = list(mngr.all_steps())
+    ckptr = ocp.PyTreeCheckpointer()
+    ckptr.save(f"{root}/legacy", {"a": np.arange(6, dtype="int16").reshape(2, 3), "s": "text", "n": None})
+    return {"kept": kept}
+
+
+def handlers_read(ocp: Any, root: str) -> dict[str, Any]:
+    from ocdbt_py.checkpoint import metadata
+
+    handlers = {"params": ocp.PyTreeCheckpointHandler(use_zarr3=True), "cfg": ocp.JsonCheckpointHandler()}
+    with ocp.CheckpointManager(f"{root}/mgr", item_handlers=handlers) as mngr:
+        r = mngr.restore(1, args=ocp.args.Composite(params=ocp.args.PyTreeRestore(), cfg=ocp.args.JsonRestore()))
+        only_cfg = mngr.restore(1, args=ocp.args.Composite(cfg=ocp.args.JsonRestore()))
+    ckptr = ocp.PyTreeCheckpointer()
+    target = {"a": np.zeros((2, 3), "int16"), "s": "", "n": None}
+    legacy = ckptr.restore(f"{root}/legacy", item=target)
+    typed = ckptr.restore(f"{root}/legacy", args=ocp.args.PyTreeRestore(
+        target, restore_args={"a": ocp.RestoreArgs(restore_type=np.ndarray, dtype=np.float32),
+                              "s": ocp.RestoreArgs(), "n": ocp.RestoreArgs()}))
+    zarr = metadata(f"{root}/mgr/1/params")["embed"].zarr_format
+    return {"params": describe(r["params"]), "cfg": r.cfg, "only": sorted(only_cfg.keys()), "zarr": zarr,
+            "legacy": describe(legacy), "typed": describe(typed)}
+
+
 # ---- root and step metadata ------------------------------------------------------------
 
 def metadata_write(ocp: Any, root: str) -> dict[str, Any]:
@@ -312,6 +346,7 @@ def standard_jax_read(ocp: Any, root: str) -> dict[str, Any]:
             "as_saved": describe(ckptr.restore(f"{root}/std"))}
 
 
-NUMPY = ["chunks", "continuous", "continuous_in_flight", "custom_policy", "retention", "metadata", "standard_np"]
+NUMPY = ["chunks", "continuous", "continuous_in_flight", "custom_policy", "retention", "handlers", "metadata",
+         "standard_np"]
 JAX = ["composite_mesh", "standard_jax"]
 SNIPPETS = NUMPY + JAX

@@ -83,3 +83,11 @@ def test_root_and_step_metadata(results: dict) -> None:
 def test_continuous_waits_for_the_save_in_flight(results: dict) -> None:
     w = results["continuous_in_flight"]["write"]
     assert w == {"first": True, "busy": [True, False], "after": [False, True], "steps": [0]}
+
+
+def test_item_handlers_and_legacy_calls(results: dict) -> None:
+    r = results["handlers"]["read"]
+    assert results["handlers"]["write"]["kept"] == [1]
+    assert r["zarr"] == 3 and r["only"] == ["cfg"] and r["cfg"] == {"step": 1, "name": "run"}
+    assert r["legacy"]["s"] == "text" and r["legacy"]["n"] is None
+    assert r["typed"]["a"]["dtype"] == "float32"
