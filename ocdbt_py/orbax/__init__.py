@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from ocdbt_py.orbax import (
     args,
+    checkpoint_manager,
     checkpoint_managers,
     checkpoint_utils,
     checkpointers,
@@ -51,6 +52,7 @@ AbstractCheckpointManager = CheckpointManager
 
 __all__ = [
     "args",
+    "checkpoint_manager",
     "checkpoint_managers",
     "checkpoint_utils",
     "checkpointers",

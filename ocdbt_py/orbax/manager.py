@@ -304,7 +304,7 @@ class CheckpointManager:
     # ---- saving ---------------------------------------------------------------------------
 
     def _composite_args(self, args: Any) -> args_lib.Composite:
-        if isinstance(args, args_lib.CheckpointArgs) is False:
+        if not isinstance(args, args_lib.CheckpointArgs):
             raise ValueError(f"Expected args of type `CheckpointArgs`; found {type(args)}.")
         if self._default is None:
             self._default = not isinstance(args, args_lib.Composite)

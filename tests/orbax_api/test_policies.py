@@ -102,3 +102,20 @@ def test_options_build_orbax_default_policies() -> None:
         ocp.CheckpointManagerOptions(max_to_keep=-1)
     ro = ocp.CheckpointManagerOptions(read_only=True, max_to_keep=3)
     assert ro.max_to_keep is None and ro.save_interval_steps == 0 and ro.create is False
+
+
+@pytest.mark.parametrize("statement", [
+    "from ocdbt_py.orbax.checkpoint_managers import CheckpointManagerOptions",
+    "from ocdbt_py.orbax.checkpoint_managers.preservation_policy import BestN",
+    "from ocdbt_py.orbax.manager import CheckpointManager",
+    "from ocdbt_py.orbax.checkpoint_manager import CheckpointManager",
+    "from ocdbt_py.orbax.checkpointers import StandardCheckpointer",
+    "import ocdbt_py.orbax as ocp; ocp.checkpoint_managers.AbstractCheckpointManager",
+])
+def test_every_module_imports_first(statement: str) -> None:
+    """No import cycle, whichever module a script imports first."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", statement], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -6,6 +6,8 @@ Every name is importable from here, as from Orbax's module of the same name, and
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ocdbt_py.orbax.checkpoint_managers import preservation_policy, save_decision_policy
 from ocdbt_py.orbax.checkpoint_managers.preservation_policy import (
     AnyPreservationPolicy,
@@ -31,9 +33,11 @@ from ocdbt_py.orbax.checkpoint_managers.save_decision_policy import (
     SaveDecisionPolicy,
     SpecificStepsPolicy,
 )
-from ocdbt_py.orbax.manager import CheckpointManager, CheckpointManagerOptions
 
-AbstractCheckpointManager = CheckpointManager
+if TYPE_CHECKING:
+    from ocdbt_py.orbax.manager import CheckpointManager, CheckpointManagerOptions
+
+    AbstractCheckpointManager = CheckpointManager
 
 __all__ = [
     "preservation_policy",
@@ -62,3 +66,12 @@ __all__ = [
     "CheckpointManager",
     "AbstractCheckpointManager",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # the manager imports this package's policies: bind its names on first use, not at import
+    if name in ("CheckpointManager", "CheckpointManagerOptions", "AbstractCheckpointManager"):
+        from ocdbt_py.orbax import manager
+
+        return manager.CheckpointManager if name == "AbstractCheckpointManager" else getattr(manager, name)
+    raise AttributeError(f"module 'ocdbt_py.orbax.checkpoint_managers' has no attribute {name!r}")
