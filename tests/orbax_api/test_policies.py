@@ -114,8 +114,13 @@ def test_options_build_orbax_default_policies() -> None:
 ])
 def test_every_module_imports_first(statement: str) -> None:
     """No import cycle, whichever module a script imports first."""
+    import os
     import subprocess
     import sys
+    from pathlib import Path
 
-    proc = subprocess.run([sys.executable, "-c", statement], capture_output=True, text=True, timeout=120)
+    env = dict(os.environ)
+    repo = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([repo, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    proc = subprocess.run([sys.executable, "-c", statement], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
