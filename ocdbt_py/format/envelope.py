@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import struct
 
+import crc32c as _crc
+
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.reader import Reader, put_varint
 from ocdbt_py.format.zstd_frame import decompress_bounded
@@ -33,7 +35,6 @@ _MIN_SIZE = 16
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
     """CRC-32C (Castagnoli) of ``data``."""
-    import crc32c as _crc
 
     return int(_crc.crc32c(data, value))
 

@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 from ocdbt_py.errors import ConditionFailedError, StorageError
-from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings
+from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings, redact
 
 __all__ = ["AzureStore"]
 
@@ -147,6 +147,5 @@ class AzureStore(ObjectStore):
 
 def redact_for(storage_options: dict[str, Any] | None, text: str) -> str:
     """``text`` with the secrets in ``storage_options`` removed."""
-    from ocdbt_py.kvstore.object_store import redact
 
     return redact(text, _secret_strings(storage_options or {}))

@@ -16,6 +16,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Union
 
+import numpy as np
+
 from ocdbt_py.format.btree import MAX_NODE_ENTRIES, BtreeChild, BtreeNode, InteriorNode, LeafNode, list_leaf_nbytes
 from ocdbt_py.format.data_file_table import (
     DataFileId,
@@ -89,7 +91,6 @@ def adjacent_prefixes(keys: Sequence[bytes]) -> list[int]:
 
 def _padded(keys: Sequence[bytes], width: int) -> Any:
     """``keys`` as a ``(len(keys), width)`` uint8 matrix, NUL-padded."""
-    import numpy as np
 
     flat = np.frombuffer(b"".join([k.ljust(width, b"\0") for k in keys]), dtype=np.uint8)
     return flat.reshape(len(keys), width)
@@ -239,7 +240,6 @@ def put_column(out: bytearray, values: Sequence[int]) -> None:
 
 def _varints_np(values: Any) -> bytes:
     """Canonical varints of many values (a sequence or an integer array) at once."""
-    import numpy as np
 
     global _SHIFTS
     if _SHIFTS is None:

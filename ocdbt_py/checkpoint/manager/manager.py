@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,10 @@ from ocdbt_py.checkpoint.manager.steps import (
 )
 from ocdbt_py.checkpoint.manager.steps import cleanup as cleanup_root
 from ocdbt_py.checkpoint.manager.tier import Tier
+from ocdbt_py.checkpoint.meta import metadata
+from ocdbt_py.checkpoint.restore.api import restore
+from ocdbt_py.checkpoint.saving.api import JsonItem, save
+from ocdbt_py.checkpoint.saving.distributed import _jax_client
 from ocdbt_py.errors import NotFoundError, OcdbtError, ReadOnlyError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
@@ -69,7 +74,6 @@ def default_save_policy() -> sp.AnyOf:
 
 def _process() -> tuple[int, int, Any]:
     """``(index, count, coordination client)`` of this process in a JAX job."""
-    import sys
 
     if "jax" not in sys.modules:
         return 0, 1, None
@@ -78,7 +82,6 @@ def _process() -> tuple[int, int, Any]:
     count = int(jax.process_count())
     if count <= 1:
         return 0, 1, None
-    from ocdbt_py.checkpoint.saving.distributed import _jax_client
 
     return int(jax.process_index()), count, _jax_client()
 
@@ -302,7 +305,6 @@ class CheckpointManager(Lifecycle):
 
     def _start_save(self, step: int, items: Mapping[str, Any], metrics: Mapping[str, Any] | None,
                     custom_metadata: Mapping[str, Any] | None, options: Mapping[str, Any]) -> None:
-        from ocdbt_py.checkpoint.saving.api import JsonItem, save
 
         tree: dict[str, Any] = dict(items)
         if metrics is not None:
@@ -369,7 +371,6 @@ class CheckpointManager(Lifecycle):
         * ``target``: as :func:`ocdbt_py.checkpoint.restore` (for several items a dict keyed
           by item name) -- JAX targets give sharded ``jax.Array`` leaves.
         """
-        from ocdbt_py.checkpoint.restore.api import restore
 
         _, name = self._resolve_step(step)
         skv = PrefixStore(self.kv, name)
@@ -384,7 +385,6 @@ class CheckpointManager(Lifecycle):
 
     def item_metadata(self, step: int | None = None, item: str | None = None) -> Any:
         """Shapes and dtypes of a step's items without reading array data."""
-        from ocdbt_py.checkpoint.meta import metadata
 
         _, name = self._resolve_step(step)
         return metadata(PrefixStore(self.kv, name), item=item)

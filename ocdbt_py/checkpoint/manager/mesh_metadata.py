@@ -25,7 +25,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ocdbt_py.checkpoint.jsonio import read_json
+from ocdbt_py.checkpoint.saving.jax_arrays import sharding_json
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import KvStore
 
@@ -125,7 +128,6 @@ class ReplicaLayout:
     @classmethod
     def of(cls, mesh: Any, axis_index: int) -> ReplicaLayout:
         """The replicas of ``mesh`` along its axis ``axis_index``."""
-        import numpy as np
 
         devices = np.asarray(mesh.devices)
         if not 0 <= axis_index < devices.ndim:
@@ -161,7 +163,6 @@ class ReplicaLayout:
 
 
 def _sharding_description(sharding: Any) -> Any:
-    from ocdbt_py.checkpoint.saving.jax_arrays import sharding_json
 
     described = sharding_json(sharding) if sharding is not None else None
     if described is not None:

@@ -33,6 +33,7 @@ from ocdbt_py.checkpoint.saving.chunking import (
     chunk_byte_limit,
 )
 from ocdbt_py.checkpoint.saving.distributed import Coordinator, coordinator
+from ocdbt_py.checkpoint.saving.host_copy import copy_arrays
 from ocdbt_py.checkpoint.saving.merge import check_complete, collect_children, write_root
 from ocdbt_py.checkpoint.saving.params import (
     JAX_ARRAY,
@@ -123,7 +124,6 @@ def _host_array(value: Any, where: str) -> np.ndarray:
 def _copy_shared(plans: Mapping[str, Any], workers: int, reuse: bool) -> np.ndarray | None:
     """Replace every job's data that is the caller's memory by a private copy (async saves);
     returns the buffer holding the copies."""
-    from ocdbt_py.checkpoint.saving.host_copy import copy_arrays
 
     where: list[tuple[_ItemPlan, int]] = []
     for plan in plans.values():
