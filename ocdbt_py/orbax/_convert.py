@@ -94,7 +94,7 @@ def _plain_target(args: RestoreArgs, like: Any, stored: Callable[[tuple[str, ...
 def _is_jax(x: Any) -> bool:
     if "jax" not in sys.modules:
         return False
-    import jax
+    import jax  # loaded already (checked above)
 
     return isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
 

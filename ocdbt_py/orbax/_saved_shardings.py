@@ -58,7 +58,7 @@ def saved_sharding_target(location: str | os.PathLike[str] | KvStore, item: str 
     ``None`` (restore as stored) when JAX is not loaded or no leaf qualifies."""
     if "jax" not in sys.modules:
         return None
-    import jax
+    import jax  # loaded already (checked above)
 
     tree = metadata(location, item=item)
     flat, rebuild = flatten_with_names(tree, is_leaf=lambda x: isinstance(x, LeafMetadata))

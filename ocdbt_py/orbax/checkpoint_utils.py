@@ -4,23 +4,24 @@ and the evaluation-loop helpers ``checkpoints_iterator`` / ``wait_for_new_checkp
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
+from ocdbt_py.checkpoint.meta import list_steps
 from ocdbt_py.checkpoint.pytree import flatten_with_names
+from ocdbt_py.errors import NotFoundError
 from ocdbt_py.orbax.type_handlers import ArrayRestoreArgs, RestoreArgs
 
 __all__ = ["construct_restore_args", "wait_for_new_checkpoint", "checkpoints_iterator"]
 
 
 def _restore_args(x: Any, sharding: Any, set_global_shape: bool) -> RestoreArgs:
-    import sys
-
     if "jax" in sys.modules:
-        import jax
+        import jax  # only when the caller has loaded JAX
 
         if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
             s = sharding if sharding is not None else getattr(x, "sharding", None)
@@ -45,9 +46,6 @@ def construct_restore_args(target: Any, sharding_tree: Any = None, set_global_sh
 
 
 def _steps(checkpoint_dir: Any) -> list[int]:
-    from ocdbt_py.checkpoint.meta import list_steps
-    from ocdbt_py.errors import NotFoundError
-
     try:
         return [s.step for s in list_steps(checkpoint_dir)]
     except NotFoundError:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ocdbt_py.checkpoint.restore.api import resolve
+from ocdbt_py.checkpoint.saving.api import save
 from ocdbt_py.checkpoint.saving.atomic import CheckpointExistsError, open_destination
+from ocdbt_py.errors import UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.orbax import args as args_lib
 from ocdbt_py.orbax.handlers import (
@@ -76,8 +79,6 @@ class Checkpointer(AbstractCheckpointer):
     def save(self, directory: Location, *args: Any, force: bool = False,
              custom_metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
         """Write a checkpoint to ``directory`` (``force``: replace an existing one)."""
-        from ocdbt_py.checkpoint.saving.api import save
-
         kwargs.pop("save_context", None)
         a = _args_from_call(self._handler, True, args, kwargs)
         if a is None:
@@ -91,8 +92,6 @@ class Checkpointer(AbstractCheckpointer):
             tree: Any = items
         else:
             if isinstance(self._handler, JsonCheckpointHandler):
-                from ocdbt_py.errors import UnsupportedError
-
                 raise UnsupportedError("a bare JSON checkpoint is not written by ocdbt_py; use a Composite item")
             native = self._handler.to_native(a)
             tree, composite = native.value, False
@@ -108,8 +107,6 @@ class Checkpointer(AbstractCheckpointer):
         a = _args_from_call(self._handler, False, args, kwargs)
         self.wait_until_finished()
         if isinstance(self._handler, CompositeCheckpointHandler):
-            from ocdbt_py.checkpoint.restore.api import resolve
-
             available = [n for n in resolve(directory).items() if n != "metrics"]
             return self._handler.restore_items(directory, a, available)
         return self._handler.restore_from(directory, a)

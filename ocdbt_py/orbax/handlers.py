@@ -16,12 +16,15 @@ from typing import Any
 
 import numpy as np
 
+from ocdbt_py.checkpoint.meta import metadata
 from ocdbt_py.checkpoint.pytree import flatten_with_names
+from ocdbt_py.checkpoint.restore.api import restore
 from ocdbt_py.checkpoint.saving.api import JsonItem
 from ocdbt_py.errors import UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.orbax import args as args_lib
 from ocdbt_py.orbax._convert import apply_save_args, restore_target
+from ocdbt_py.orbax._saved_shardings import saved_sharding_target
 
 __all__ = [
     "CheckpointHandler",
@@ -75,13 +78,11 @@ class CheckpointHandler:
 
     def restore_from(self, location: Location, args: args_lib.CheckpointArgs | None, item: str | None = None) -> Any:
         """Restore the item at ``location`` (a step directory when ``item`` names one of its items)."""
-        from ocdbt_py.checkpoint.restore.api import restore
-
         return restore(location, None, item=item)
 
     def save(self, directory: Location, args: args_lib.CheckpointArgs) -> None:
         """Write ``args`` to ``directory`` (replacing it), blocking."""
-        from ocdbt_py.orbax.checkpointers import Checkpointer
+        from ocdbt_py.orbax.checkpointers import Checkpointer  # checkpointers imports this module
 
         Checkpointer(self).save(directory, args=args, force=True)
 
@@ -91,8 +92,6 @@ class CheckpointHandler:
 
     def metadata(self, directory: Location) -> Any:
         """The stored tree's metadata (shapes, dtypes), reading no array data."""
-        from ocdbt_py.checkpoint.meta import metadata
-
         return metadata(directory)
 
     def finalize(self, directory: Location) -> None:
@@ -139,12 +138,8 @@ class PyTreeCheckpointHandler(CheckpointHandler):
 
     def restore_from(self, location: Location, args: args_lib.CheckpointArgs | None, item: str | None = None) -> Any:
         """Restore with ``args.item`` / ``args.restore_args`` as the target."""
-        from ocdbt_py.checkpoint.restore.api import restore
-
         if args is None or (getattr(args, "item", None) is None and getattr(args, "restore_args", None) is None):
             # as Orbax: arrays saved from JAX come back on their saved shardings (JAX loaded)
-            from ocdbt_py.orbax._saved_shardings import saved_sharding_target
-
             return restore(location, saved_sharding_target(location, item), item=item)
         if isinstance(args, args_lib.PyTreeRestore):
             if args.transforms is not None or args.legacy_transform_fn is not None:
@@ -153,8 +148,6 @@ class PyTreeCheckpointHandler(CheckpointHandler):
 
             def stored(names: tuple[str, ...]) -> Any:
                 if "tree" not in cache:
-                    from ocdbt_py.checkpoint.meta import metadata
-
                     cache["tree"] = metadata(location, item=item)
                 node = cache["tree"]
                 for n in names:

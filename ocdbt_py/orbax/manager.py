@@ -20,6 +20,8 @@ from typing import Any
 from ocdbt_py.checkpoint.manager.manager import CheckpointManager as NativeManager
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.save_policy import SpecificSteps
+from ocdbt_py.checkpoint.meta import list_steps
+from ocdbt_py.checkpoint.restore.api import resolve
 from ocdbt_py.errors import NotFoundError, StorageError, UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
@@ -443,8 +445,6 @@ class CheckpointManager:
         return PrefixStore(self._native.kv, self._native.step_name_format.name(step))
 
     def _available(self, location: Any) -> list[str]:
-        from ocdbt_py.checkpoint.restore.api import resolve
-
         return [n for n in resolve(location).items() if n != METRIC_ITEM_NAME]
 
     def restore(self, step: int | None, items: Any = None, restore_kwargs: Any = None,
@@ -457,8 +457,6 @@ class CheckpointManager:
             if directory is None:
                 step = self.latest_step()
             else:
-                from ocdbt_py.checkpoint.meta import list_steps
-
                 found = [s.step for s in list_steps(directory)]
                 step = max(found) if found else None
             if step is None:

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any
 
+from ocdbt_py.checkpoint.jsonio import read_json
+from ocdbt_py.checkpoint.layout import step_metadata as read_doc
+from ocdbt_py.checkpoint.meta import metadata
+from ocdbt_py.checkpoint.restore.api import resolve
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.orbax.args import Composite
 
 __all__ = ["StepMetadata", "RootMetadata", "step_metadata", "read_root_metadata", "write_root_metadata"]
 
@@ -38,8 +44,6 @@ _LEGACY_ROOT_METADATA_FILE = "metadata/metadata"
 
 def read_root_metadata(kv: KvStore) -> RootMetadata:
     """The root metadata of a manager root (empty when none was saved)."""
-    from ocdbt_py.checkpoint.jsonio import read_json
-
     for key in (ROOT_METADATA_FILE, _LEGACY_ROOT_METADATA_FILE):
         doc = read_json(kv, key)
         if isinstance(doc, dict):
@@ -52,8 +56,6 @@ def read_root_metadata(kv: KvStore) -> RootMetadata:
 
 def write_root_metadata(kv: KvStore, custom_metadata: dict[str, Any]) -> None:
     """Write the root metadata unless a previous run did (Orbax keeps the first)."""
-    import json
-
     if not kv.exists(ROOT_METADATA_FILE):
         doc = {"internal_metadata": {}, "custom_metadata": dict(custom_metadata)}
         kv.set(ROOT_METADATA_FILE, json.dumps(doc).encode())
@@ -61,11 +63,6 @@ def write_root_metadata(kv: KvStore, custom_metadata: dict[str, Any]) -> None:
 
 def step_metadata(location: str | os.PathLike[str] | KvStore, *, composite: bool) -> StepMetadata:
     """Read :class:`StepMetadata` of a directory (``composite``: item metadata per item name)."""
-    from ocdbt_py.checkpoint.layout import step_metadata as read_doc
-    from ocdbt_py.checkpoint.meta import metadata
-    from ocdbt_py.checkpoint.restore.api import resolve
-    from ocdbt_py.orbax.args import Composite
-
     r = resolve(location)
     doc = read_doc(r.kv) or {}
     if composite:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from ocdbt_py.checkpoint.pytree import build_tree, dotted, flatten_with_names
 
 __all__ = ["to_flat_dict", "from_flat_dict", "is_flat_dict", "get_param_names", "to_shape_dtype_struct"]
@@ -47,8 +49,6 @@ def get_param_names(tree: Any) -> Any:
 def to_shape_dtype_struct(x: Any, dtype: Any = None, scalar_dtype: Any = None) -> Any:
     """A ``jax.ShapeDtypeStruct`` (with the sharding) for an array or array metadata leaf;
     scalars are kept (cast to ``scalar_dtype`` when given)."""
-    import numpy as np
-
     if isinstance(x, (int, float)) and not isinstance(x, bool):
         return scalar_dtype(x) if scalar_dtype is not None else x
     import jax  # ShapeDtypeStruct is JAX's type

@@ -8,6 +8,9 @@ import re
 import sys
 from typing import Any
 
+from ocdbt_py.checkpoint.layout import COMMIT_MARKER
+from ocdbt_py.checkpoint.meta import list_steps
+from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.orbax.tree import from_flat_dict, to_flat_dict, to_shape_dtype_struct
 
 __all__ = ["to_shape_dtype_struct", "to_flat_dict", "from_flat_dict", "checkpoint_steps", "checkpoint_steps_paths",
@@ -19,15 +22,11 @@ TMP_DIR_SUFFIX = ".orbax-checkpoint-tmp"
 
 def checkpoint_steps(checkpoint_dir: str | os.PathLike[str], single_host_load_and_broadcast: bool = False) -> list[int]:
     """The finalized steps under a manager root, oldest first."""
-    from ocdbt_py.checkpoint.meta import list_steps
-
     return [s.step for s in list_steps(checkpoint_dir)]
 
 
 def checkpoint_steps_paths(checkpoint_dir: str | os.PathLike[str]) -> list[str]:
     """The finalized step directories under a manager root."""
-    from ocdbt_py.checkpoint.meta import list_steps
-
     root = os.fspath(checkpoint_dir).rstrip("/")
     return [f"{root}/{s.name}" for s in list_steps(checkpoint_dir)]
 
@@ -55,9 +54,6 @@ def is_tmp_checkpoint(path: str | os.PathLike[str]) -> bool:
 
 def is_checkpoint_finalized(path: str | os.PathLike[str]) -> bool:
     """Whether the checkpoint at ``path`` is committed."""
-    from ocdbt_py.checkpoint.layout import COMMIT_MARKER
-    from ocdbt_py.kvstore import open_kvstore
-
     if is_tmp_checkpoint(path):
         return False
     kv = open_kvstore(path, read_only=True)
@@ -70,7 +66,7 @@ def is_primary_host(primary_host: int | None = 0) -> bool:
         return True
     if "jax" not in sys.modules:
         return primary_host == 0
-    import jax
+    import jax  # loaded already (checked above)
 
     return bool(jax.process_index() == primary_host)
 
@@ -79,11 +75,11 @@ def reached_preemption(step: int) -> bool:
     """Whether JAX's preemption sync point is reached (``False`` outside multi-process jobs)."""
     if "jax" not in sys.modules:
         return False
-    import jax
+    import jax  # loaded already (checked above)
 
     if jax.process_count() <= 1:
         return False
-    from jax.experimental import multihost_utils
+    from jax.experimental import multihost_utils  # JAX's preemption sync point
 
     return bool(multihost_utils.reached_preemption_sync_point(step))
 
@@ -92,10 +88,10 @@ def sync_global_processes(name: str, *args: Any, **kwargs: Any) -> None:
     """A barrier across the processes of a JAX job (nothing to do in one process)."""
     if "jax" not in sys.modules:
         return
-    import jax
+    import jax  # loaded already (checked above)
 
     if jax.process_count() <= 1:
         return
-    from jax.experimental import multihost_utils
+    from jax.experimental import multihost_utils  # JAX's barrier
 
     multihost_utils.sync_global_devices(name)

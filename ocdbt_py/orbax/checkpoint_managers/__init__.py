@@ -71,7 +71,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # the manager imports this package's policies: bind its names on first use, not at import
     if name in ("CheckpointManager", "CheckpointManagerOptions", "AbstractCheckpointManager"):
-        from ocdbt_py.orbax import manager
+        from ocdbt_py.orbax import manager  # the manager imports this package
 
         return manager.CheckpointManager if name == "AbstractCheckpointManager" else getattr(manager, name)
     raise AttributeError(f"module 'ocdbt_py.orbax.checkpoint_managers' has no attribute {name!r}")

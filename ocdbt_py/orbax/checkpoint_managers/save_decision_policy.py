@@ -15,6 +15,7 @@ import sys
 from collections.abc import Container, Sequence
 from typing import Protocol, runtime_checkable
 
+from ocdbt_py.checkpoint.saving.distributed import _jax_client
 from ocdbt_py.orbax.checkpoint_managers.preservation_policy import PolicyCheckpointInfo
 from ocdbt_py.orbax.options import MultiprocessingOptions
 
@@ -81,12 +82,10 @@ def _shared_by_primary(decision: bool | None, step: int, primary_host: int | Non
     pass ``None``); ``None`` when this is a single process."""
     if "jax" not in sys.modules:
         return None
-    import jax
+    import jax  # loaded already (checked above)
 
     if jax.process_count() <= 1:
         return None
-    from ocdbt_py.checkpoint.saving.distributed import _jax_client
-
     client = _jax_client()
     key = f"ocdbt_py_orbax/{next(_decisions)}/continuous_should_save/{step}"
     if jax.process_index() == (primary_host or 0):
