@@ -9,6 +9,7 @@ from __future__ import annotations
 import struct
 
 import crc32c as _crc
+import zstandard
 
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.reader import Reader, put_varint
@@ -108,8 +109,6 @@ def encode_envelope(magic: int, body: bytes | bytearray | memoryview, zstd_level
         put_varint(out, 0)
         out += body
     else:
-        import zstandard
-
         put_varint(out, 1)
         cctx = zstandard.ZstdCompressor(level=zstd_level)
         if len(body) <= 4096:

@@ -61,6 +61,7 @@ class FsspecStore(KvStore):
         read_only: bool | None = None,
     ) -> FsspecStore:
         """Open the filesystem for ``url`` (any fsspec URL, chained URLs included)."""
+        # optional: fsspec loads its backends on first use
         import fsspec.core
 
         try:

@@ -110,6 +110,7 @@ _SYNC_FILE_RANGE_WRITE = 2
 
 def _writeback_starter() -> Any:
     """``sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE)`` (Linux), or ``None``."""
+    # platform-specific: Linux only
     import ctypes
     import ctypes.util
 

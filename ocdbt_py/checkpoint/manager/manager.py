@@ -77,6 +77,7 @@ def _process() -> tuple[int, int, Any]:
 
     if "jax" not in sys.modules:
         return 0, 1, None
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
 
     count = int(jax.process_count())

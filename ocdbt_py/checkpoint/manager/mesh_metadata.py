@@ -58,6 +58,7 @@ class Topology:
     @classmethod
     def current(cls, mesh: Any) -> Topology:
         """The running job's topology for ``mesh`` (a ``jax.sharding.Mesh``)."""
+        # optional: JAX is imported only for trees that hold JAX objects
         import jax
 
         per: dict[int, list[int]] = {}
@@ -173,6 +174,7 @@ def _sharding_description(sharding: Any) -> Any:
 def state_fingerprint(tree: Any) -> str:
     """A digest of the leaf paths, shapes, dtypes and shardings of a tree of ``jax.Array`` or
     ``jax.ShapeDtypeStruct`` leaves (equal for a state and its abstract state)."""
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
 
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)

@@ -65,7 +65,7 @@ from ocdbt_py.checkpoint.manager.tier_plan import (
     plan_restore,
 )
 from ocdbt_py.checkpoint.restore.api import restore
-from ocdbt_py.checkpoint.saving.api import save
+from ocdbt_py.checkpoint.saving.api import JsonItem, save
 from ocdbt_py.checkpoint.saving.atomic import _fsync_dir
 from ocdbt_py.checkpoint.saving.distributed import _jax_client, group_coordinator
 from ocdbt_py.checkpoint.saving.layout_writer import COMMIT_MARKER, commit_marker
@@ -176,6 +176,7 @@ class MultiTierCheckpointManager(Lifecycle):
         coordination_timeout_secs: float = 120.0,
         cleanup: bool = True,
     ):
+        # optional: JAX is imported only for trees that hold JAX objects
         import jax
 
         for what, policy in (("local_policy", local_policy), ("persistent_policy", persistent_policy)):
@@ -400,8 +401,6 @@ class MultiTierCheckpointManager(Lifecycle):
             return False
         items: dict[str, Any] = {}
         if metrics is not None:
-            from ocdbt_py.checkpoint.saving.api import JsonItem
-
             items[METRICS_ITEM] = JsonItem(metrics_json(metrics), filename=METRICS_FILE)
         fingerprint = state_fingerprint(state)
         if local:
@@ -490,6 +489,7 @@ class MultiTierCheckpointManager(Lifecycle):
         that fails somewhere makes every process re-plan without that local step.
         :attr:`last_restore` records the choice.
         """
+        # optional: JAX is imported only for trees that hold JAX objects
         import jax
 
         self._check_open()
@@ -537,6 +537,7 @@ class MultiTierCheckpointManager(Lifecycle):
         else:
             raise OcdbtError(f"restore failed {_RESTORE_ATTEMPTS} times: {'; '.join(notes)}")
         if plan.source == PEER:
+            # optional: that module imports JAX
             from ocdbt_py.checkpoint.manager.replica_broadcast import broadcast_from_replica
 
             source_values = jax.tree_util.tree_leaves(result) if result is not None else None

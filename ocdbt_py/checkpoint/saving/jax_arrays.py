@@ -114,6 +114,7 @@ def sharding_json(sharding: Any) -> str | None:
 
 
 def _sharding_json(sharding: Any) -> str | None:
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
 
     if isinstance(sharding, jax.sharding.NamedSharding):
@@ -163,6 +164,7 @@ def plan_jax_array(arr: Any, *, replica_parallel: bool, name: str = "",
     ``replica_id == 0`` -- each distinct region once, by the lowest id holding it, without
     replica-parallel splitting (process-local and single-replica saves).
     """
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
 
     ext: dict[str, Any] | None = None
