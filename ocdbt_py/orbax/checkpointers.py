@@ -12,15 +12,12 @@ import os
 from typing import Any
 
 from ocdbt_py.checkpoint.restore.api import resolve
-from ocdbt_py.checkpoint.saving.api import save
 from ocdbt_py.checkpoint.saving.atomic import CheckpointExistsError, open_destination
-from ocdbt_py.errors import UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.orbax import args as args_lib
 from ocdbt_py.orbax.handlers import (
     CheckpointHandler,
     CompositeCheckpointHandler,
-    JsonCheckpointHandler,
     PyTreeCheckpointHandler,
     StandardCheckpointHandler,
 )
@@ -86,21 +83,8 @@ class Checkpointer(AbstractCheckpointer):
         self.wait_until_finished()
         if not force and open_destination(directory, None).exists():
             raise DestinationExistsError(f"Destination {directory} already exists.")
-        if isinstance(self._handler, CompositeCheckpointHandler):
-            items, options = self._handler.to_native_items(a)
-            composite = True
-            tree: Any = items
-        else:
-            if isinstance(self._handler, JsonCheckpointHandler):
-                raise UnsupportedError("a bare JSON checkpoint is not written by ocdbt_py; use a Composite item")
-            native = self._handler.to_native(a)
-            tree, composite = native.value, False
-            options = dict(native.options)
-            options["handler"] = native.kind
-            if native.chunk_sizes:
-                options["leaf_chunk_byte_sizes"] = native.chunk_sizes
-        self._handle = save(directory, tree, composite=composite, force=force, custom_metadata=custom_metadata,
-                            blocking=self._blocking, **options)
+        self._handle = self._handler.start_save(directory, a, force=force, custom_metadata=custom_metadata,
+                                                blocking=self._blocking)
 
     def restore(self, directory: Location, *args: Any, **kwargs: Any) -> Any:
         """Restore ``directory`` (``args=`` says how; a ``Composite`` result for composites)."""

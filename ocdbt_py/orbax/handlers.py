@@ -19,7 +19,7 @@ import numpy as np
 from ocdbt_py.checkpoint.meta import metadata
 from ocdbt_py.checkpoint.pytree import flatten_with_names
 from ocdbt_py.checkpoint.restore.api import restore
-from ocdbt_py.checkpoint.saving.api import JsonItem
+from ocdbt_py.checkpoint.saving.api import JsonItem, SaveHandle, save
 from ocdbt_py.errors import UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.orbax import args as args_lib
@@ -80,11 +80,20 @@ class CheckpointHandler:
         """Restore the item at ``location`` (a step directory when ``item`` names one of its items)."""
         return restore(location, None, item=item)
 
+    def start_save(self, directory: Location, args: args_lib.CheckpointArgs, *, force: bool,
+                   custom_metadata: dict[str, Any] | None, blocking: bool) -> SaveHandle:
+        """Start writing ``args`` as the checkpoint at ``directory`` (one item)."""
+        native = self.to_native(args)
+        options = dict(native.options)
+        options["handler"] = native.kind
+        if native.chunk_sizes:
+            options["leaf_chunk_byte_sizes"] = native.chunk_sizes
+        return save(directory, native.value, force=force, custom_metadata=custom_metadata, blocking=blocking,
+                    **options)
+
     def save(self, directory: Location, args: args_lib.CheckpointArgs) -> None:
         """Write ``args`` to ``directory`` (replacing it), blocking."""
-        from ocdbt_py.orbax.checkpointers import Checkpointer  # checkpointers imports this module
-
-        Checkpointer(self).save(directory, args=args, force=True)
+        self.start_save(directory, args, force=True, custom_metadata=None, blocking=True)
 
     def restore(self, directory: Location, args: args_lib.CheckpointArgs | None = None) -> Any:
         """Restore what ``directory`` holds."""
@@ -197,6 +206,11 @@ class JsonCheckpointHandler(CheckpointHandler):
     def __init__(self, filename: str | None = None, **ignored: Any):
         self.filename = filename or "metadata"
 
+    def start_save(self, directory: Location, args: args_lib.CheckpointArgs, *, force: bool,
+                   custom_metadata: dict[str, Any] | None, blocking: bool) -> SaveHandle:
+        """Refused: ocdbt_py writes JSON only as an item of a composite checkpoint."""
+        raise UnsupportedError("a bare JSON checkpoint is not written by ocdbt_py; use a Composite item")
+
     def to_native(self, args: args_lib.CheckpointArgs) -> NativeItem:
         """A :class:`JsonItem`."""
         if not isinstance(args, args_lib.JsonSave):
@@ -235,6 +249,15 @@ class CompositeCheckpointHandler(CheckpointHandler):
             h = handler_for_args(a)
             self.handlers[name] = h
         return h
+
+    def start_save(self, directory: Location, args: args_lib.CheckpointArgs, *, force: bool,
+                   custom_metadata: dict[str, Any] | None, blocking: bool) -> SaveHandle:
+        """Start writing a step directory with one directory per item of ``args``."""
+        if not isinstance(args, args_lib.Composite):
+            raise TypeError(f"a composite save takes ocp.args.Composite, not {type(args).__name__}")
+        items, options = self.to_native_items(args)
+        return save(directory, items, composite=True, force=force, custom_metadata=custom_metadata,
+                    blocking=blocking, **options)
 
     def to_native_items(self, args: args_lib.Composite) -> tuple[dict[str, Any], dict[str, Any]]:
         """``({item: tree or JsonItem}, save options)`` for a composite save."""
