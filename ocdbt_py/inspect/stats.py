@@ -1,0 +1,180 @@
+"""``stats()``: per-tensor min, max, mean, std and NaN/Inf/zero counts, streamed chunk by chunk.
+
+Moments are over the finite values, accumulated in float64 (each chunk's count, mean and sum
+of squared deviations, combined with Chan et al.'s pairwise formula), so bfloat16, float8 and
+int4 tensors get exact-as-float64 results and one huge tensor never needs to fit in memory.
+``min``/``max`` are over finite values too (NaN and Inf are counted separately).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ocdbt_py.checkpoint.restore.api import PathLike
+from ocdbt_py.inspect import histogram
+from ocdbt_py.inspect.source import (
+    Checkpoint,
+    ChunkUnit,
+    Tensor,
+    chunk_units,
+    decode,
+    fetch_raw,
+    group_units,
+    numeric_view,
+    open_checkpoint,
+    run_chunks,
+)
+
+__all__ = ["Moments", "TensorStats", "stats", "checkpoint_stats", "chunk_moments"]
+
+
+@dataclasses.dataclass
+class Moments:
+    """Mergeable summary of some values: finite count, mean, sum of squared deviations, range,
+    NaN/Inf/zero counts and (optionally) histogram pieces."""
+
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+    lo: float = math.inf
+    hi: float = -math.inf
+    nan: int = 0
+    inf: int = 0
+    zeros: int = 0
+    size: int = 0
+    pieces: list[histogram.Piece] = dataclasses.field(default_factory=list)
+
+    def add(self, o: Moments) -> None:
+        """Merge ``o`` into this summary."""
+        if o.n:
+            n = self.n + o.n
+            delta = o.mean - self.mean
+            self.mean += delta * o.n / n
+            self.m2 += o.m2 + delta * delta * self.n * o.n / n
+            self.n = n
+            self.lo = min(self.lo, o.lo)
+            self.hi = max(self.hi, o.hi)
+        self.nan += o.nan
+        self.inf += o.inf
+        self.zeros += o.zeros
+        self.size += o.size
+        self.pieces.extend(o.pieces)
+
+
+def chunk_moments(a: np.ndarray, *, hist: bool = False) -> Moments:
+    """The :class:`Moments` of one array (any dtype NumPy or ml_dtypes has; complex and other
+    unordered types count only their size)."""
+    x = numeric_view(np.asarray(a))
+    m = Moments(size=int(a.size))
+    if x is None or not x.size:
+        return m
+    flat = x.reshape(-1)
+    m.zeros = int(flat.size - np.count_nonzero(flat))
+    if flat.dtype.kind == "f":
+        fin = np.isfinite(flat)
+        nfin = int(np.count_nonzero(fin))
+        if nfin != flat.size:
+            m.nan = int(np.count_nonzero(np.isnan(flat)))
+            m.inf = flat.size - nfin - m.nan
+            flat = flat[fin]
+    if not flat.size:
+        return m
+    y = flat.astype(np.float64)
+    m.n = int(y.size)
+    m.lo, m.hi = float(y.min()), float(y.max())
+    m.mean = float(y.sum()) / m.n
+    y -= m.mean
+    m.m2 = float(np.dot(y, y))
+    if hist:
+        y += m.mean
+        m.pieces.append(histogram.piece(y, m.lo, m.hi))
+    return m
+
+
+@dataclasses.dataclass
+class TensorStats:
+    """Statistics of one tensor (``None`` where there is no finite value)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    min: float | None
+    max: float | None
+    mean: float | None
+    std: float | None
+    nan: int
+    inf: int
+    zeros: int
+    size: int
+    histogram: list[int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object ``ocdbt stats --json`` prints for this tensor."""
+        d: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype}
+        for k in ("min", "max", "mean", "std"):
+            v = getattr(self, k)
+            d[k] = None if v is None or not math.isfinite(v) else v
+        d.update(nan=self.nan, inf=self.inf, zeros=self.zeros, size=self.size)
+        if self.histogram is not None:
+            d["histogram"] = {"lo": d["min"], "hi": d["max"], "counts": self.histogram}
+        return d
+
+    @property
+    def nonfinite(self) -> bool:
+        """Whether the tensor holds NaN or Inf."""
+        return bool(self.nan or self.inf)
+
+
+def _finish(t: Tensor, m: Moments, hist: bool) -> TensorStats:
+    has = m.n > 0
+    h = histogram.merge(m.pieces, m.lo, m.hi) if hist and has else None
+    return TensorStats(t.name, t.shape, t.dtype.name, m.lo if has else None, m.hi if has else None,
+                       m.mean if has else None, math.sqrt(max(m.m2, 0.0) / m.n) if has else None,
+                       m.nan, m.inf, m.zeros, m.size, h)
+
+
+def checkpoint_stats(ck: Checkpoint, *, hist: bool = False, workers: int | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> dict[str, TensorStats]:
+    """Statistics of every tensor of an opened checkpoint (``{name: TensorStats}``, in the
+    checkpoint's leaf order).  ``progress(done_bytes, total_bytes)`` is called as chunks finish."""
+    total = sum(t.nbytes for t in ck.tensors)
+    acc = {t.name: Moments() for t in ck.tensors}
+    done = [0]
+
+    def task(units: list[ChunkUnit]) -> list[tuple[str, Moments]]:
+        raws = fetch_raw(units)
+        out = []
+        for i, u in enumerate(units):
+            a = decode(u, raws[i])
+            raws[i] = None  # release the stored bytes as soon as they are decoded
+            out.append((u.tensor.name, chunk_moments(a, hist=hist)))
+        return out
+
+    def step(units: list[ChunkUnit]) -> None:
+        done[0] += sum(u.nbytes for u in units)
+        if progress is not None:
+            progress(done[0], total)
+
+    units = (u for t in ck.tensors for u in chunk_units(t))
+    for res in run_chunks(group_units(units), task, workers=workers, progress=step):
+        for name, m in res:
+            acc[name].add(m)
+    return {t.name: _finish(t, acc[t.name], hist) for t in ck.tensors}
+
+
+def stats(path: PathLike, *, include: Sequence[str] | None = None, step: int | None = None,
+          storage_options: dict[str, Any] | None = None, histograms: bool = False, workers: int | None = None,
+          progress: Callable[[int, int], None] | None = None) -> dict[str, TensorStats]:
+    """Per-tensor statistics of a checkpoint (item, step or manager root; any fsspec URL),
+    streamed chunk by chunk on ``workers`` threads without restoring it.
+
+    ``include``: glob patterns on dotted names.  ``histograms``: also a value histogram per
+    tensor (:data:`ocdbt_py.inspect.histogram.BINS` bins over ``[min, max]``).
+    """
+    with open_checkpoint(path, step=step, storage_options=storage_options, include=include) as ck:
+        return checkpoint_stats(ck, hist=histograms, workers=workers, progress=progress)
