@@ -1,0 +1,107 @@
+"""``stats()`` and ``ocdbt stats`` against NumPy on checkpoints with planted NaN/Inf/zeros in
+float32, float16, bfloat16, float8 (e5m2, e4m3fn), int8 and int4, in every layout we write."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ocdbt_py import checkpoint
+from ocdbt_py.inspect import stats
+from ocdbt_py.inspect.source import open_checkpoint
+from ocdbt_py.inspect.stats import Moments, chunk_moments
+from tests.inspect.conftest import assert_stats_match, planted_tree
+
+
+def _json(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.to_json() for k, v in result.items()}
+
+
+def test_planted_values_match_numpy(planted_ckpt: tuple[Path, dict[str, Any]]) -> None:
+    path, tree = planted_ckpt
+    with open_checkpoint(path) as ck:  # the test means something only if arrays span many chunks
+        t = ck.by_name()["params.float32"]
+        assert t.meta is not None and t.meta.nchunks is not None and t.meta.nchunks > 4
+    assert_stats_match(_json(stats(path)), tree)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_workers_give_the_same_result(planted_ckpt: tuple[Path, dict[str, Any]], workers: int) -> None:
+    path, tree = planted_ckpt
+    assert_stats_match(_json(stats(path, workers=workers)), tree)
+
+
+@pytest.mark.parametrize("zarr3,compression", [(False, False), (True, True), (True, False)])
+def test_layouts(tmp_path: Path, zarr3: bool, compression: bool) -> None:
+    tree = planted_tree(seed=3)
+    checkpoint.save(tmp_path / "c", tree, use_zarr3=zarr3, use_compression=compression, chunk_byte_size=4096)
+    assert_stats_match(_json(stats(tmp_path / "c")), tree)
+
+
+def test_include_globs_and_a_step_directory(tmp_path: Path) -> None:
+    tree = planted_tree(seed=1)
+    checkpoint.save(tmp_path / "s", {"model": tree, "meta": checkpoint.JsonItem({"a": 1})}, composite=True)
+    got = stats(tmp_path / "s", include=["model.params.float*"])
+    assert sorted(got) == sorted(f"model.params.{n}" for n in ("float32", "float16", "float8_e5m2",
+                                                               "float8_e4m3fn"))
+    assert got["model.params.float32"].nan == 3
+
+
+def test_progress_reaches_the_total(planted_ckpt: tuple[Path, dict[str, Any]]) -> None:
+    calls: list[tuple[int, int]] = []
+    stats(planted_ckpt[0], progress=lambda d, t: calls.append((d, t)))
+    assert calls and calls[-1][0] == calls[-1][1] > 0
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+def test_moments_merge_like_one_pass() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(10_001) * 1e3 + 1e6  # a large mean: naive sum-of-squares would lose digits
+    acc = Moments()
+    for part in np.array_split(x, 7):
+        acc.add(chunk_moments(part))
+    assert acc.n == x.size
+    assert acc.mean == pytest.approx(x.mean(), rel=1e-14)
+    assert math.sqrt(acc.m2 / acc.n) == pytest.approx(x.std(), rel=1e-10)
+    empty = chunk_moments(np.array([np.nan, np.inf], np.float32))
+    assert (empty.n, empty.nan, empty.inf) == (0, 1, 1)
+
+
+def test_histograms_count_every_finite_value(planted_ckpt: tuple[Path, dict[str, Any]]) -> None:
+    path, tree = planted_ckpt
+    got = stats(path, histograms=True)
+    for name, s in got.items():
+        assert s.histogram is not None
+        assert sum(s.histogram) == s.size - s.nan - s.inf, name
+    # a clean normal sample peaks in the middle
+    h = got["clean"].histogram
+    assert h is not None and max(h) == max(h[len(h) // 4: 3 * len(h) // 4])
+
+
+def test_cli_human_and_json(cli: Any, planted_ckpt: tuple[Path, dict[str, Any]]) -> None:
+    path, tree = planted_ckpt
+    r = cli("stats", path)
+    assert r.status == 0, r.err
+    first = r.out.splitlines()[0]
+    assert first.startswith("!! 5 of 9 tensors hold NaN or Inf")
+    assert "!!   params.float32: 3 NaN, 2 Inf" in r.out
+    assert any(line.startswith("    clean ") for line in r.out.splitlines())
+    r = cli("stats", "--json", "--quiet", path)
+    assert r.status == 0 and r.err == ""
+    assert_stats_match(json.loads(r.out), tree)
+    r = cli("stats", "--json", "--include", "clean", path)
+    assert list(json.loads(r.out)) == ["clean"]
+
+
+def test_cli_errors(cli: Any, tmp_path: Path, planted_ckpt: tuple[Path, dict[str, Any]]) -> None:
+    r = cli("stats", tmp_path / "nothing")
+    assert r.status == 1 and "Traceback" not in r.err
+    r = cli("stats", "--workers", "0", planted_ckpt[0])
+    assert r.status == 2 and "--workers" in r.err
+    r = cli("stats", "--step", "3", planted_ckpt[0])  # --step on an item directory
+    assert r.status == 2 and "step" in r.err
