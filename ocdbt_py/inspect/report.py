@@ -122,7 +122,7 @@ def metrics_svg(points: list[tuple[int, dict[str, float]]], width: int = 560, he
                    + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
         out.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"><title>{_e(name)} step {s}: '
                    f'{_num(v)}</title></circle>' for (x, y), (s, v) in zip(pts, vals))
-        out.append(f'<text x="{pad + 120 * j}" y="{height - 8}" fill="{color}">\u25A0 {_e(name)} '
+        out.append(f'<text x="{pad + 120 * j}" y="{height - 8}" style="fill:{color}">\u25A0 {_e(name)} '
                    f'[{_num(lo)}, {_num(hi)}]</text>')
     out.append(f'<text x="{pad}" y="{height - 28}">step {s0}</text>'
                f'<text x="{pad + w}" y="{height - 28}" text-anchor="end">step {s1}</text></svg>')
