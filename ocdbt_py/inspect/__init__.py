@@ -5,6 +5,9 @@ URL; no JAX."""
 
 from __future__ import annotations
 
+from ocdbt_py.inspect.diff import DiffResult, diff
+from ocdbt_py.inspect.du import DiskUsage, Usage, du
+from ocdbt_py.inspect.report import report
 from ocdbt_py.inspect.stats import TensorStats, stats
 
-__all__ = ["stats", "TensorStats"]
+__all__ = ["stats", "diff", "du", "report", "TensorStats", "DiffResult", "DiskUsage", "Usage"]
