@@ -22,6 +22,7 @@ from ocdbt_py.checkpoint.restore.api import PathLike
 from ocdbt_py.inspect.source import (
     Checkpoint,
     ChunkUnit,
+    Scratch,
     Tensor,
     chunk_units,
     decode,
@@ -30,6 +31,8 @@ from ocdbt_py.inspect.source import (
     numeric_view,
     open_checkpoint,
     run_chunks,
+    same_bytes,
+    task_bytes,
 )
 
 __all__ = ["DiffResult", "ValueDiff", "diff", "diff_checkpoints"]
@@ -90,7 +93,7 @@ def compare_values(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> Va
         ok = diff <= atol
     d.n_diff = int(np.count_nonzero(~ok & ~bad)) + d.nonfinite_diff
     d.max_abs_diff = float(diff.max())
-    d.sum_sq = float(np.dot(diff, diff))
+    d.sum_sq = float(np.square(diff).sum())
     denom = np.maximum(np.abs(x), np.abs(y))
     pos = (denom > 0) & np.isfinite(denom)
     if pos.any():
@@ -132,6 +135,8 @@ def _fingerprint(t: Tensor) -> str | None:
 
 def _pairs_task(atol: float, rtol: float, other: dict[str, Tensor], same_codec: set[str]
                 ) -> Callable[[list[ChunkUnit]], list[tuple[str, ValueDiff]]]:
+    scratch = Scratch()
+
     def task(units: list[ChunkUnit]) -> list[tuple[str, ValueDiff]]:
         fast = [u for u in units if u.tensor.name in same_codec]
         slow = [u for u in units if u.tensor.name not in same_codec]
@@ -139,19 +144,32 @@ def _pairs_task(atol: float, rtol: float, other: dict[str, Tensor], same_codec: 
         if fast:
             twins = [dataclasses.replace(u, tensor=other[u.tensor.name]) for u in fast]
             ra, rb = fetch_raw(fast), fetch_raw(twins)
-            for i, u in enumerate(fast):
-                if ra[i] is not None and rb[i] is not None and ra[i] == rb[i]:
-                    out.append((u.tensor.name, ValueDiff(chunks=1, chunks_same_bytes=1)))
-                    continue
-                out.append((u.tensor.name, compare_values(decode(u, ra[i]), decode(twins[i], rb[i]), atol, rtol)))
-                ra[i] = rb[i] = None
+            try:
+                for i, u in enumerate(fast):
+                    x, y = ra.values[i], rb.values[i]
+                    if same_bytes(x, y):
+                        d = ValueDiff(chunks=1, chunks_same_bytes=1)
+                    else:
+                        a, b = decode(u, x, scratch, 0), decode(twins[i], y, scratch, 1)
+                        d = compare_values(a, b, atol, rtol)
+                        del a, b
+                    ra.release(i)
+                    rb.release(i)
+                    out.append((u.tensor.name, d))
+            finally:
+                ra.release_all()
+                rb.release_all()
         if slow:
             raws = fetch_raw(slow)
-            for i, u in enumerate(slow):
-                a = decode(u, raws[i])
-                raws[i] = None
-                b = other[u.tensor.name].read(u.region)
-                out.append((u.tensor.name, compare_values(a, b, atol, rtol)))
+            try:
+                for i, u in enumerate(slow):
+                    a = decode(u, raws.values[i], scratch)  # or a view of the stored bytes
+                    b = other[u.tensor.name].read(u.region)
+                    out.append((u.tensor.name, compare_values(a, b, atol, rtol)))
+                    del a
+                    raws.release(i)
+            finally:
+                raws.release_all()
         return out
     return task
 
@@ -186,7 +204,7 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: f
 
     units = (u for t in compare for u in chunk_units(t))
     task = _pairs_task(atol, rtol, tb, same_codec)
-    for res in run_chunks(group_units(units), task, workers=workers, progress=step):
+    for res in run_chunks(group_units(units), task, workers=workers, progress=step, weight=task_bytes):
         for name, d in res:
             acc[name].add(d)
     unchanged = []

@@ -29,10 +29,11 @@ def piece(finite: np.ndarray, lo: float, hi: float) -> Piece:
         counts = np.zeros(BINS, np.int64)
         counts[0] = finite.size
         return Piece(lo, lo, counts)
-    scale = BINS / (hi - lo)
-    idx = ((finite - lo) * scale).astype(np.int64)
-    np.clip(idx, 0, BINS - 1, out=idx)
-    return Piece(lo, hi, np.bincount(idx, minlength=BINS)[:BINS].astype(np.int64))
+    t = np.subtract(finite, lo)
+    t *= BINS / (hi - lo)
+    idx = t.astype(np.intp)
+    np.minimum(idx, BINS - 1, out=idx)  # the maximum itself goes into the last bin
+    return Piece(lo, hi, np.bincount(idx, minlength=BINS).astype(np.int64))
 
 
 def merge(pieces: list[Piece], lo: float, hi: float) -> list[int]:

@@ -15,8 +15,10 @@ import collections
 import concurrent.futures
 import dataclasses
 import fnmatch
+import functools
 import itertools
 import math
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -31,7 +33,8 @@ from ocdbt_py.errors import CorruptionError, NotFoundError
 from ocdbt_py.kvstore.prefixed import PrefixStore
 
 __all__ = ["Tensor", "Checkpoint", "ChunkUnit", "open_checkpoint", "chunk_units", "run_chunks",
-           "numeric_view", "is_float", "default_workers"]
+           "numeric_view", "is_float", "default_workers", "task_bytes", "Fetched", "fetch_raw", "same_bytes",
+           "decode", "group_units", "Scratch"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -40,6 +43,8 @@ R = TypeVar("R")
 TASK_BYTES = 4 << 20
 #: Most chunks in one task.
 TASK_CHUNKS = 256
+#: Decoded bytes of the tasks in flight at a time (beyond the first; see :func:`run_chunks`).
+IN_FLIGHT_BYTES = 128 << 20
 
 
 def default_workers() -> int:
@@ -233,28 +238,97 @@ def chunk_units(t: Tensor) -> Iterator[ChunkUnit]:
         yield ChunkUnit(t, f"{t.param}/{m.chunk_key(coords)}", sl, local, n)
 
 
-def fetch_raw(units: Sequence[ChunkUnit]) -> list[Any]:
-    """The stored bytes of each unit (``None`` for an absent chunk; the value itself for
-    inline tensors), one ``get_many`` per item."""
-    out: list[Any] = [None] * len(units)
+class Fetched:
+    """The stored bytes of some units (``values[i]``: bytes or a memoryview, ``None`` for an
+    absent chunk, the value itself for inline tensors); :meth:`release` gives a buffer back
+    once its value is decoded or compared."""
+
+    def __init__(self, n: int):
+        self.values: list[Any] = [None] * n
+        self._done: list[Callable[[], None] | None] = [None] * n
+
+    def release(self, i: int) -> None:
+        """Done with value ``i``."""
+        self.values[i] = None
+        cb, self._done[i] = self._done[i], None
+        if cb is not None:
+            cb()
+
+    def release_all(self) -> None:
+        """Done with every value (also after an error, when a decoded view may still hold a
+        buffer: that one is then left to the garbage collector)."""
+        for i in range(len(self.values)):
+            try:
+                self.release(i)
+            except BufferError:
+                pass
+
+
+def fetch_raw(units: Sequence[ChunkUnit]) -> Fetched:
+    """The stored bytes of each unit, one batched read per item: on the local filesystem
+    through the restore's coalescing reader (reused buffers, ``mmap`` for large values),
+    elsewhere with one ``get_many``."""
+    out = Fetched(len(units))
     by_item: dict[int, list[int]] = {}
     for i, u in enumerate(units):
         if u.tensor.item is None:
-            out[i] = u.tensor.value
+            out.values[i] = u.tensor.value
         else:
             by_item.setdefault(id(u.tensor.item), []).append(i)
     for idx in by_item.values():
         item = units[idx[0]].tensor.item
         assert item is not None
-        got = item.array_store.kv.get_many([units[i].key for i in idx])
-        for i, v in zip(idx, got):
-            out[i] = v
+        keys = [units[i].key for i in idx]
+        local = item.reader.local_source()
+        if local is not None:
+            datas, done = local.fetch(keys)
+            for j, (i, v) in enumerate(zip(idx, datas)):
+                out.values[i] = v
+                out._done[i] = functools.partial(done, j)
+        else:
+            for i, v in zip(idx, item.array_store.kv.get_many(keys)):
+                out.values[i] = v
     return out
 
 
-def decode(u: ChunkUnit, raw: Any) -> np.ndarray:
+def same_bytes(x: Any, y: Any) -> bool:
+    """Whether two stored values (bytes or buffers) are equal, byte for byte (compared as
+    64-bit words, a few MiB at a time, stopping at the first difference)."""
+    if x is None or y is None:
+        return False
+    a = np.frombuffer(x, np.uint8)
+    b = np.frombuffer(y, np.uint8)
+    if a.size != b.size:
+        return False
+    words = a.size // 8
+    step = 1 << 19  # words: 4 MiB
+    for lo in range(0, words, step):
+        hi = min(lo + step, words)
+        if not (a[8 * lo:8 * hi].view(np.uint64) == b[8 * lo:8 * hi].view(np.uint64)).all():
+            return False
+    return bool(np.array_equal(a[8 * words:], b[8 * words:]))
+
+
+class Scratch(threading.local):
+    """Per-thread output buffers for decoding, reused from chunk to chunk (a fresh buffer per
+    chunk would pay its page faults every time).  ``slot`` tells apart buffers alive at once."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[int, np.ndarray] = {}
+
+    def get(self, slot: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An uninitialised C-contiguous array of ``shape`` and ``dtype``."""
+        n = math.prod(shape) * dtype.itemsize
+        buf = self.buffers.get(slot)
+        if buf is None or buf.nbytes < n:
+            buf = self.buffers[slot] = np.empty(max(n, 1), np.uint8)
+        return buf[:n].view(dtype).reshape(shape)
+
+
+def decode(u: ChunkUnit, raw: Any, scratch: Scratch | None = None, slot: int = 0) -> np.ndarray:
     """The values of the array inside chunk ``u`` (its fill value when the chunk is absent
-    and the checkpoint allows that; :class:`CorruptionError` otherwise)."""
+    and the checkpoint allows that; :class:`CorruptionError` otherwise).  With ``scratch`` the
+    result lives in that thread's buffer ``slot`` until the next decode into it."""
     t = u.tensor
     if t.item is None:
         return np.asarray(raw)
@@ -267,10 +341,19 @@ def decode(u: ChunkUnit, raw: Any) -> np.ndarray:
         fv = m.fill_value
         return np.full(shape, 0 if fv is None else fv, dtype=m.data_type.dtype)
     try:
-        a = m.chain.decode(raw)
+        if scratch is None:
+            a = m.chain.decode(raw)
+        else:
+            a = scratch.get(slot, tuple(m.chunk_shape), m.data_type.dtype)
+            m.chain.decode_into(raw, a)
     except CorruptionError as e:
         raise CorruptionError(f"array {t.name!r}: chunk {u.key!r}: {e.reason}", path=t.item.kv.url) from e
     return a if u.local is None else a[u.local]
+
+
+def task_bytes(units: list[ChunkUnit]) -> int:
+    """Decoded bytes of a task's chunks (its weight for :func:`run_chunks`)."""
+    return sum(u.nbytes for u in units)
 
 
 def group_units(units: Iterable[ChunkUnit], max_bytes: int = TASK_BYTES, max_count: int = TASK_CHUNKS
@@ -289,9 +372,13 @@ def group_units(units: Iterable[ChunkUnit], max_bytes: int = TASK_BYTES, max_cou
 
 
 def run_chunks(tasks: Iterable[T], fn: Callable[[T], R], *, workers: int | None = None,
-               progress: Callable[[T], None] | None = None) -> Iterator[R]:
-    """``fn(task)`` for every task on ``workers`` threads, at most ``2 * workers`` tasks in
-    flight (bounded memory); results in completion order.  ``progress(task)`` after each."""
+               progress: Callable[[T], None] | None = None, weight: Callable[[T], int] | None = None,
+               budget: int = IN_FLIGHT_BYTES) -> Iterator[R]:
+    """``fn(task)`` for every task on ``workers`` threads, results in submission order.
+
+    At most ``2 * workers`` tasks are in flight, and (with ``weight``) no more than ``budget``
+    bytes of them beyond the first, so memory stays at a few chunks per worker however large
+    the checkpoint.  ``progress(task)`` is called after each task."""
     n = workers or default_workers()
     if n <= 1:
         for task in tasks:
@@ -301,20 +388,31 @@ def run_chunks(tasks: Iterable[T], fn: Callable[[T], R], *, workers: int | None 
             yield r
         return
     it = iter(tasks)
+    w = weight or (lambda _t: 0)
     with concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="ocdbt-inspect") as pool:
-        pending: collections.deque[tuple[T, concurrent.futures.Future[R]]] = collections.deque()
+        pending: collections.deque[tuple[T, int, concurrent.futures.Future[R]]] = collections.deque()
+        held = 0
+        nxt: list[T] = []  # a task taken from ``it`` that did not fit yet
         try:
-            for task in itertools.islice(it, 2 * n):
-                pending.append((task, pool.submit(fn, task)))
-            while pending:
-                task, fut = pending.popleft()
+            while True:
+                while len(pending) < 2 * n:
+                    task = nxt.pop() if nxt else next(it, None)
+                    if task is None:
+                        break
+                    tw = w(task)
+                    if pending and held + tw > budget:
+                        nxt.append(task)
+                        break
+                    pending.append((task, tw, pool.submit(fn, task)))
+                    held += tw
+                if not pending:
+                    return
+                task, tw, fut = pending.popleft()
                 r = fut.result()
-                nxt = next(it, None)
-                if nxt is not None:
-                    pending.append((nxt, pool.submit(fn, nxt)))
+                held -= tw
                 if progress is not None:
                     progress(task)
                 yield r
         finally:
-            for _, fut in pending:
+            for _, _, fut in pending:
                 fut.cancel()

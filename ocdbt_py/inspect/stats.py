@@ -20,6 +20,7 @@ from ocdbt_py.inspect import histogram
 from ocdbt_py.inspect.source import (
     Checkpoint,
     ChunkUnit,
+    Scratch,
     Tensor,
     chunk_units,
     decode,
@@ -28,6 +29,7 @@ from ocdbt_py.inspect.source import (
     numeric_view,
     open_checkpoint,
     run_chunks,
+    task_bytes,
 )
 
 __all__ = ["Moments", "TensorStats", "stats", "checkpoint_stats", "chunk_moments"]
@@ -66,33 +68,48 @@ class Moments:
         self.pieces.extend(o.pieces)
 
 
+#: Values reduced at a time (their float64 copy stays in the CPU caches).
+BLOCK = 1 << 17
+
+
 def chunk_moments(a: np.ndarray, *, hist: bool = False) -> Moments:
     """The :class:`Moments` of one array (any dtype NumPy or ml_dtypes has; complex and other
-    unordered types count only their size)."""
+    unordered types count only their size).  Works through the values in blocks of
+    :data:`BLOCK` with one reused float64 buffer, so its memory is small and cache-resident."""
     x = numeric_view(np.asarray(a))
     m = Moments(size=int(a.size))
     if x is None or not x.size:
         return m
     flat = x.reshape(-1)
-    m.zeros = int(flat.size - np.count_nonzero(flat))
-    if flat.dtype.kind == "f":
-        fin = np.isfinite(flat)
+    buf = np.empty(min(BLOCK, flat.size), np.float64)
+    for lo in range(0, flat.size, BLOCK):
+        m.add(_block_moments(flat[lo:lo + BLOCK], buf, hist))
+    m.size = int(a.size)
+    return m
+
+
+def _block_moments(block: np.ndarray, buf: np.ndarray, hist: bool) -> Moments:
+    m = Moments(size=int(block.size))
+    m.zeros = int(block.size - np.count_nonzero(block))
+    if block.dtype.kind == "f":
+        fin = np.isfinite(block)
         nfin = int(np.count_nonzero(fin))
-        if nfin != flat.size:
-            m.nan = int(np.count_nonzero(np.isnan(flat)))
-            m.inf = flat.size - nfin - m.nan
-            flat = flat[fin]
-    if not flat.size:
+        if nfin != block.size:
+            m.nan = int(np.count_nonzero(np.isnan(block)))
+            m.inf = block.size - nfin - m.nan
+            block = block[fin]
+    if not block.size:
         return m
-    y = flat.astype(np.float64)
+    y = buf[:block.size]
+    np.copyto(y, block, casting="unsafe")  # exact: every float32/int64-or-smaller value is a float64
     m.n = int(y.size)
     m.lo, m.hi = float(y.min()), float(y.max())
     m.mean = float(y.sum()) / m.n
-    y -= m.mean
-    m.m2 = float(np.dot(y, y))
     if hist:
-        y += m.mean
         m.pieces.append(histogram.piece(y, m.lo, m.hi))
+    y -= m.mean
+    np.square(y, out=y)
+    m.m2 = float(y.sum())  # pairwise summation (BLAS dot would pay a thread hand-off per block)
     return m
 
 
@@ -145,14 +162,19 @@ def checkpoint_stats(ck: Checkpoint, *, hist: bool = False, workers: int | None 
     total = sum(t.nbytes for t in ck.tensors)
     acc = {t.name: Moments() for t in ck.tensors}
     done = [0]
+    scratch = Scratch()
 
     def task(units: list[ChunkUnit]) -> list[tuple[str, Moments]]:
         raws = fetch_raw(units)
         out = []
-        for i, u in enumerate(units):
-            a = decode(u, raws[i])
-            raws[i] = None  # release the stored bytes as soon as they are decoded
-            out.append((u.tensor.name, chunk_moments(a, hist=hist)))
+        try:
+            for i, u in enumerate(units):
+                a = decode(u, raws.values[i], scratch)  # or a view of the stored bytes (no codec)
+                out.append((u.tensor.name, chunk_moments(a, hist=hist)))
+                del a
+                raws.release(i)  # the buffer goes back as soon as the chunk is reduced
+        finally:
+            raws.release_all()
         return out
 
     def step(units: list[ChunkUnit]) -> None:
@@ -161,7 +183,7 @@ def checkpoint_stats(ck: Checkpoint, *, hist: bool = False, workers: int | None 
             progress(done[0], total)
 
     units = (u for t in ck.tensors for u in chunk_units(t))
-    for res in run_chunks(group_units(units), task, workers=workers, progress=step):
+    for res in run_chunks(group_units(units), task, workers=workers, progress=step, weight=task_bytes):
         for name, m in res:
             acc[name].add(m)
     return {t.name: _finish(t, acc[t.name], hist) for t in ck.tensors}

@@ -152,3 +152,16 @@ def _leaves(tree: Any) -> list[Any]:
         return [tree]
     vals = tree.values() if isinstance(tree, dict) else tree
     return [x for v in vals for x in _leaves(v)]
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, (4 << 20) + 3])
+def test_same_bytes(n: int) -> None:
+    from ocdbt_py.inspect.source import same_bytes
+
+    a = np.random.default_rng(n).integers(0, 255, n, dtype=np.uint8).tobytes()
+    assert same_bytes(a, bytearray(a)) and same_bytes(memoryview(a), a)
+    assert not same_bytes(a, a + b"x") and not same_bytes(a, None)
+    for pos in {0, n // 2, n - 1} if n else set():
+        b = bytearray(a)
+        b[pos] ^= 1
+        assert not same_bytes(a, b)
