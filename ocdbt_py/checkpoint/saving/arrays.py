@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ocdbt_py.checkpoint.saving.ocdbt_build import StoredValue, ValueSink
 from ocdbt_py.format.envelope import crc32c
+from ocdbt_py.write.bulk import StoredValue, ValueSink
 
 __all__ = ["ArraySpec", "storage_dtype", "zarr_metadata", "chunk_regions", "encode_chunk", "encode_small",
            "Compressors", "ONE_SHOT_BYTES"]
