@@ -396,14 +396,14 @@ def run_chunks(tasks: Iterable[T], fn: Callable[[T], R], *, workers: int | None 
         try:
             while True:
                 while len(pending) < 2 * n:
-                    task = nxt.pop() if nxt else next(it, None)
-                    if task is None:
+                    got = nxt.pop() if nxt else next(it, None)
+                    if got is None:
                         break
-                    tw = w(task)
+                    tw = w(got)
                     if pending and held + tw > budget:
-                        nxt.append(task)
+                        nxt.append(got)
                         break
-                    pending.append((task, tw, pool.submit(fn, task)))
+                    pending.append((got, tw, pool.submit(fn, got)))
                     held += tw
                 if not pending:
                     return
