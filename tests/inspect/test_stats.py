@@ -105,3 +105,57 @@ def test_cli_errors(cli: Any, tmp_path: Path, planted_ckpt: tuple[Path, dict[str
     assert r.status == 2 and "--workers" in r.err
     r = cli("stats", "--step", "3", planted_ckpt[0])  # --step on an item directory
     assert r.status == 2 and "step" in r.err
+
+
+def test_run_chunks_bounds_what_is_in_flight() -> None:
+    import threading
+    import time
+
+    from ocdbt_py.inspect.source import run_chunks
+
+    lock = threading.Lock()
+    live = [0, 0]  # bytes in flight now, most seen
+
+    def fn(w: int) -> int:
+        with lock:
+            live[0] += w
+            live[1] = max(live[1], live[0])
+        time.sleep(0.002)
+        with lock:
+            live[0] -= w
+        return w
+
+    weights = [10, 30, 5, 50, 20, 20, 5, 40] * 5
+    got = list(run_chunks(weights, fn, workers=4, weight=lambda w: w, budget=60))
+    assert got == weights  # in order
+    assert live[1] <= 60 + 50  # the budget, plus at most the one task that exceeds it alone
+    assert list(run_chunks([3, 1, 2], lambda w: w * 2, workers=1)) == [6, 2, 4]
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch, cli: Any,
+                                         planted_ckpt: tuple[Path, dict[str, Any]]) -> None:
+    drawn: list[str] = []
+
+    class FakeProgress:
+        def __init__(self, label: str, *, enabled: bool) -> None:
+            drawn.append(label)
+
+        def __enter__(self) -> FakeProgress:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def update(self, done: int, total: int | None = None, detail: str = "") -> None:
+            drawn.append(detail)
+
+    import ocdbt_py.cli.progress as progress
+
+    monkeypatch.setattr(progress, "Progress", FakeProgress)
+    monkeypatch.setattr(progress, "want_progress", lambda setting, stream=None: True)
+    assert cli("stats", planted_ckpt[0]).status == 0
+    assert drawn[0] == "stats" and len(drawn) > 1 and " of " in drawn[-1]  # "12.0 KiB of 12.0 KiB"
+    assert drawn[-1].split(" of ")[0] == drawn[-1].split(" of ")[1]
+    drawn.clear()
+    assert cli("stats", "--quiet", planted_ckpt[0]).status == 0
+    assert drawn == []
