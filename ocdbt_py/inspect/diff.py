@@ -26,6 +26,7 @@ from ocdbt_py.inspect.source import (
     Tensor,
     chunk_units,
     decode,
+    default_workers,
     fetch_raw,
     group_units,
     numeric_view,
@@ -204,7 +205,8 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: f
 
     units = (u for t in compare for u in chunk_units(t))
     task = _pairs_task(atol, rtol, tb, same_codec)
-    for res in run_chunks(group_units(units), task, workers=workers, progress=step, weight=task_bytes):
+    nworkers = workers or default_workers(a.remote or b.remote)
+    for res in run_chunks(group_units(units), task, workers=nworkers, progress=step, weight=task_bytes):
         for name, d in res:
             acc[name].add(d)
     unchanged = []

@@ -47,12 +47,16 @@ TASK_CHUNKS = 256
 IN_FLIGHT_BYTES = 128 << 20
 
 
-def default_workers() -> int:
-    """Worker threads for decoding and reducing chunks (zarr3's setting: ``ZARR3_NUM_THREADS``
-    or the CPU count)."""
+#: Threads at least, when some chunks come from a remote store (they mostly wait on it).
+REMOTE_WORKERS = 8
+
+
+def default_workers(remote: bool = False) -> int:
+    """Worker threads for fetching, decoding and reducing chunks: zarr3's setting
+    (``ZARR3_NUM_THREADS`` or the CPU count), at least :data:`REMOTE_WORKERS` for remote stores."""
     from zarr3._executor import num_threads
 
-    return num_threads()
+    return max(num_threads(), REMOTE_WORKERS) if remote else num_threads()
 
 
 def is_float(dt: np.dtype) -> bool:
@@ -134,6 +138,11 @@ class Checkpoint:
     def step(self) -> int | None:
         """The step read, when the location was a manager root."""
         return self.resolved.step
+
+    @property
+    def remote(self) -> bool:
+        """Whether the checkpoint is on a remote store (object store, HTTP, ...)."""
+        return bool(self.resolved.kv.is_remote)
 
     def by_name(self) -> dict[str, Tensor]:
         """``{name: tensor}``."""

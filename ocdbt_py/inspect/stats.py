@@ -24,6 +24,7 @@ from ocdbt_py.inspect.source import (
     Tensor,
     chunk_units,
     decode,
+    default_workers,
     fetch_raw,
     group_units,
     numeric_view,
@@ -183,7 +184,8 @@ def checkpoint_stats(ck: Checkpoint, *, hist: bool = False, workers: int | None 
             progress(done[0], total)
 
     units = (u for t in ck.tensors for u in chunk_units(t))
-    for res in run_chunks(group_units(units), task, workers=workers, progress=step, weight=task_bytes):
+    nworkers = workers or default_workers(ck.remote)
+    for res in run_chunks(group_units(units), task, workers=nworkers, progress=step, weight=task_bytes):
         for name, m in res:
             acc[name].add(m)
     return {t.name: _finish(t, acc[t.name], hist) for t in ck.tensors}
