@@ -5,8 +5,10 @@ Usage::
     python bench/bench_inspect.py [--dir /tmp/bench_inspect] [--size-mib 1024] [--repeat 1] [--json out.json]
 
 Writes (once, with ``ocdbt_py.checkpoint.save``) a checkpoint of ``--size-mib`` MiB in 8 float32
-arrays and an identical second copy, then times, each in a fresh subprocess (its own peak RSS)
+arrays (one chunk each, or chunks of ``--chunk-mib``) and an identical second copy, then times, each in
+a fresh subprocess (its own peak RSS)
 after reading the files once so all find them in the page cache, best of ``--repeat``:
+(peak RSS is the worker's ``VmHWM``, which includes the interpreter and imports, ~40 MiB)
 
 * ``restore``: ``checkpoint.restore`` to NumPy (the reference);
 * ``stats``: :func:`ocdbt_py.inspect.stats` (every chunk decoded and reduced);
@@ -68,11 +70,24 @@ def _worker(kind: str, a: str, b: str) -> None:
     else:
         raise SystemExit(f"unknown kind {kind}")
     dt = time.perf_counter() - t
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss = _peak_rss()
     print(json.dumps({"seconds": dt, "peak_rss": rss, "bytes": n}))
 
 
-def _make(d: Path, size_mib: int) -> tuple[Path, Path]:
+def _peak_rss() -> int:
+    """This process's peak RSS in bytes: ``VmHWM`` (reset by exec, unlike ``ru_maxrss``, which a
+    child inherits from the parent it was forked from)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _make(d: Path, size_mib: int, chunk_mib: int | None) -> tuple[Path, Path]:
     a, b = d / "a", d / "b"
     if (a / "_CHECKPOINT_METADATA").exists() and (b / "_CHECKPOINT_METADATA").exists():
         return a, b
@@ -84,8 +99,9 @@ def _make(d: Path, size_mib: int) -> tuple[Path, Path]:
     per = size_mib * MIB // 8 // 4
     cols = 1024
     tree = {f"w{i}": rng.standard_normal((per // cols, cols), dtype=np.float32) for i in range(8)}
-    checkpoint.save(a, tree, force=True)
-    checkpoint.save(b, tree, force=True)
+    chunk = None if chunk_mib is None else chunk_mib * MIB
+    checkpoint.save(a, tree, force=True, chunk_byte_size=chunk)
+    checkpoint.save(b, tree, force=True, chunk_byte_size=chunk)
     return a, b
 
 
@@ -102,15 +118,16 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp/bench_inspect")
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--chunk-mib", type=int, default=None, help="chunk size (default: one chunk per array)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", nargs=3, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         _worker(*args.worker)
         return
-    d = Path(args.dir) / f"{args.size_mib}mib"
+    d = Path(args.dir) / (f"{args.size_mib}mib" + (f"-c{args.chunk_mib}" if args.chunk_mib else ""))
     d.mkdir(parents=True, exist_ok=True)
-    a, b = _make(d, args.size_mib)
+    a, b = _make(d, args.size_mib, args.chunk_mib)
     _warm(a)
     _warm(b)
     best: dict[str, dict[str, Any]] = {}
@@ -121,7 +138,7 @@ def main() -> None:
                 best[kind] = r
     rs, st, df = best["restore"], best["stats"], best["diff"]
     out = {
-        "size_mib": args.size_mib, "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
+        "size_mib": args.size_mib, "chunk_mib": args.chunk_mib, "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
         "restore_s": rs["seconds"], "stats_s": st["seconds"], "diff_s": df["seconds"],
         "stats_throughput_vs_restore": rs["seconds"] / st["seconds"],
         "diff_time_vs_restore": df["seconds"] / rs["seconds"],
