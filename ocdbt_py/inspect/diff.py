@@ -63,6 +63,8 @@ class ValueDiff:
 
 
 def _as_f64(a: np.ndarray) -> np.ndarray | None:
+    if a.dtype.kind == "c":
+        return a.astype(np.complex128, copy=False)
     x = numeric_view(np.asarray(a))
     return None if x is None else x.astype(np.float64, copy=False)
 
@@ -77,11 +79,12 @@ def compare_values(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> Va
         return d
     x, y = x.reshape(-1), y.reshape(-1)
     same = x == y
-    if x.dtype.kind == "f":
+    if x.dtype.kind in "fc":
         same |= np.isnan(x) & np.isnan(y)
     if same.all():
         return d
-    diff = np.abs(x - y)
+    with np.errstate(over="ignore", invalid="ignore"):  # Inf - Inf, or beyond float64's range
+        diff = np.abs(x - y)
     diff[same] = 0.0
     bad = ~np.isfinite(diff)  # NaN or Inf on one side only (or Inf of opposite signs)
     d.nonfinite_diff = int(np.count_nonzero(bad))

@@ -74,11 +74,17 @@ BLOCK = 1 << 17
 
 
 def chunk_moments(a: np.ndarray, *, hist: bool = False) -> Moments:
-    """The :class:`Moments` of one array (any dtype NumPy or ml_dtypes has; complex and other
-    unordered types count only their size).  Works through the values in blocks of
+    """The :class:`Moments` of one array (any dtype NumPy or ml_dtypes has; complex values
+    get their NaN/Inf/zero counts, other unordered types only their size).  Works through the values in blocks of
     :data:`BLOCK` with one reused float64 buffer, so its memory is small and cache-resident."""
-    x = numeric_view(np.asarray(a))
+    a = np.asarray(a)
+    x = numeric_view(a)
     m = Moments(size=int(a.size))
+    if x is None and a.dtype.kind == "c":  # no order: only the counts
+        m.nan = int(np.count_nonzero(np.isnan(a)))
+        m.inf = int(np.count_nonzero(np.isinf(a)))
+        m.zeros = int(a.size - np.count_nonzero(a))
+        return m
     if x is None or not x.size:
         return m
     flat = x.reshape(-1)
@@ -109,7 +115,8 @@ def _block_moments(block: np.ndarray, buf: np.ndarray, hist: bool) -> Moments:
     if hist:
         m.pieces.append(histogram.piece(y, m.lo, m.hi))
     y -= m.mean
-    np.square(y, out=y)
+    with np.errstate(over="ignore"):  # deviations near the float64 limit: std is then Inf (None)
+        np.square(y, out=y)
     m.m2 = float(y.sum())  # pairwise summation (BLAS dot would pay a thread hand-off per block)
     return m
 

@@ -165,3 +165,23 @@ def test_same_bytes(n: int) -> None:
         b = bytearray(a)
         b[pos] ^= 1
         assert not same_bytes(a, b)
+
+
+def test_per_process_layout(base: tuple[Path, Any], tmp_path: Path) -> None:
+    """Per-process databases without a merged root manifest (read as a union)."""
+    import shutil
+
+    from ocdbt_py.inspect import stats
+    from ocdbt_py.inspect.source import open_checkpoint
+
+    path, tree = base
+    pp = tmp_path / "pp"
+    shutil.copytree(path, pp)
+    (pp / "manifest.ocdbt").unlink()
+    with open_checkpoint(pp) as ck:
+        assert ck.items[0][1].layout == "ocdbt-per-process"
+    assert diff(path, pp).equal
+    s = stats(pp)
+    assert s["params.float32"].nan == 3 and s["clean"].size == tree["clean"].size
+    u = du(pp)
+    assert all(x.stored_bytes for x in u.tensors.values()) and u.data_files

@@ -159,3 +159,21 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch, cli: A
     drawn.clear()
     assert cli("stats", "--quiet", planted_ckpt[0]).status == 0
     assert drawn == []
+
+
+def test_other_kinds(tmp_path: Path) -> None:
+    """bool, uint64, complex (counts only), float64 near its limits; diff of complex values."""
+    from ocdbt_py.inspect import diff
+
+    t = {"b": np.array([True, False, True]), "u": np.array([0, 2**64 - 1, 5], np.uint64),
+         "c": np.array([1 + 2j, np.nan, 0], np.complex64), "f": np.array([1e308, -1e308, np.inf, 0.0])}
+    checkpoint.save(tmp_path / "k", t)
+    got = _json(stats(tmp_path / "k"))
+    assert got["b"]["mean"] == pytest.approx(2 / 3) and got["b"]["zeros"] == 1
+    assert got["u"]["max"] == float(2**64 - 1) and got["u"]["min"] == 0
+    assert (got["c"]["nan"], got["c"]["zeros"], got["c"]["min"]) == (1, 1, None)
+    assert (got["f"]["inf"], got["f"]["min"], got["f"]["max"], got["f"]["mean"]) == (1, -1e308, 1e308, 0.0)
+    t2 = dict(t, c=np.array([1 + 3j, np.nan, 0], np.complex64))
+    checkpoint.save(tmp_path / "k2", t2)
+    c = diff(tmp_path / "k", tmp_path / "k2").changed["c"]
+    assert (c["n_diff"], c["max_abs_diff"]) == (1, 1.0)
