@@ -178,6 +178,11 @@ def _pairs_task(atol: float, rtol: float, other: dict[str, Tensor], same_codec: 
     return task
 
 
+def _finite(v: float) -> float | None:
+    """``v``, or ``None`` when it overflowed (JSON has no Infinity)."""
+    return v if math.isfinite(v) else None
+
+
 def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.0,
                      workers: int | None = None, progress: Callable[[int, int], None] | None = None) -> DiffResult:
     """Compare two opened checkpoints (see :func:`diff`)."""
@@ -220,7 +225,8 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: f
             continue
         changed[t.name] = {
             "reason": "values", "shape": list(t.shape), "dtype": t.dtype.name,
-            "max_abs_diff": d.max_abs_diff, "max_rel_diff": d.max_rel_diff, "l2": math.sqrt(d.sum_sq),
+            "max_abs_diff": _finite(d.max_abs_diff), "max_rel_diff": _finite(d.max_rel_diff),
+            "l2": _finite(math.sqrt(d.sum_sq)),
             "n_diff": d.n_diff, "nonfinite_diff": d.nonfinite_diff, "size": math.prod(t.shape),
             "chunks": d.chunks, "chunks_same_bytes": d.chunks_same_bytes,
         }
