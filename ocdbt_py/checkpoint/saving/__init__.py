@@ -20,6 +20,7 @@ database), :mod:`.merge` (the merged root),
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ def __getattr__(name: str) -> Any:
     mod = _WHERE.get(name)
     if mod is None:
         raise AttributeError(f"module 'ocdbt_py.checkpoint.saving' has no attribute {name!r}")
-    import importlib
 
     return getattr(importlib.import_module(mod), name)
 
