@@ -53,5 +53,5 @@ def run(args: argparse.Namespace) -> int:
     print_table(("", "NAME", "DTYPE", "SHAPE", "MIN", "MAX", "MEAN", "STD", "NAN", "INF", "ZEROS"), rows,
                 (False, False, False, False, True, True, True, True, True, True, True))
     if not bad:
-        stream.write(f"{len(result)} tensors, no NaN or Inf\n")
+        stream.write(f"{len(result)} tensor{'' if len(result) == 1 else 's'}, no NaN or Inf\n")
     return 0
