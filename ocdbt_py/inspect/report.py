@@ -1,7 +1,7 @@
 """``report()``: one self-contained HTML page about a checkpoint.
 
-The page holds a collapsible tree of the tensors, bars of where the bytes are (per subtree and
-the largest tensors), the NaN/Inf table, a sortable and filterable statistics table with a
+The page holds a collapsible tree of the tensors, a treemap and bars of where the bytes are
+(per subtree and the largest tensors), the NaN/Inf table, a sortable and filterable statistics table with a
 value histogram per tensor (computed while streaming, see :mod:`.histogram`), and for a
 CheckpointManager root a chart of the saved metrics across steps.  Charts are inline SVG, styles
 and the small sorting script inline: the file needs no network to be viewed.
@@ -96,6 +96,66 @@ def bars_svg(rows: Sequence[tuple[str, int, int | None]], width: int = 560) -> s
     y = row_h * len(rows) + 16
     out.append(f'<rect x="0" y="{y - 8}" width="10" height="8" fill="#2f6fde"/><text x="14" y="{y}">in memory</text>'
                f'<rect x="90" y="{y - 8}" width="10" height="8" fill="#9cc0f5"/><text x="104" y="{y}">stored</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _squarify(sizes: list[float], x: float, y: float, w: float, h: float) -> list[tuple[float, float, float, float]]:
+    """Rectangles for ``sizes`` (sorted largest first, summing to ``w * h``), as square as the
+    squarified treemap layout makes them."""
+    def worst(row: list[float], side: float) -> float:
+        t = sum(row)
+        return max(max(side * side * r / (t * t), t * t / (side * side * r)) for r in row)
+
+    out: list[tuple[float, float, float, float]] = []
+    i = 0
+    while i < len(sizes):
+        side = min(w, h) or 1e-9
+        row = [sizes[i]]
+        i += 1
+        while i < len(sizes) and worst(row + [sizes[i]], side) <= worst(row, side):
+            row.append(sizes[i])
+            i += 1
+        t = sum(row)
+        if w >= h:
+            cw = t / (h or 1e-9)
+            off = y
+            for r in row:
+                out.append((x, off, cw, r / (cw or 1e-9)))
+                off += r / (cw or 1e-9)
+            x, w = x + cw, w - cw
+        else:
+            rh = t / (w or 1e-9)
+            off = x
+            for r in row:
+                out.append((off, y, r / (rh or 1e-9), rh))
+                off += r / (rh or 1e-9)
+            y, h = y + rh, h - rh
+    return out
+
+
+def treemap_svg(rows: Sequence[tuple[str, int, bool]], width: int = 560, height: int = 260, most: int = 300) -> str:
+    """A treemap of tensors ``(name, bytes, has NaN/Inf)``: area by size, colour by top-level
+    subtree, NaN/Inf tensors outlined in red; the smallest beyond ``most`` merged into one."""
+    rows = sorted((r for r in rows if r[1] > 0), key=lambda r: -r[1])
+    if not rows:
+        return ""
+    if len(rows) > most:
+        rest = rows[most - 1:]
+        rows = rows[:most - 1] + [(f"({len(rest)} smaller tensors)", sum(r[1] for r in rest), False)]
+    total = sum(r[1] for r in rows)
+    rects = _squarify([r[1] * width * height / total for r in rows], 0.0, 0.0, float(width), float(height))
+    groups: dict[str, str] = {}
+    out = [f'<svg class="treemap" width="{width}" height="{height}" role="img">']
+    for (name, size, bad), (x, y, w, h) in zip(rows, rects):
+        top = name.split(".")[0]
+        color = groups.setdefault(top, _PALETTE[len(groups) % len(_PALETTE)])
+        stroke = ' stroke="#c0262d" stroke-width="3"' if bad else ' stroke="#fff" stroke-width="1"'
+        out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(w, 0.5):.1f}" height="{max(h, 0.5):.1f}" '
+                   f'fill="{color}" fill-opacity="0.8"{stroke}><title>{_e(name)}: {_e(_bytes(size))}</title></rect>')
+        if w > 60 and h > 16:
+            label = name if len(name) * 6.5 < w - 6 else "\u2026" + name[-max(int((w - 6) / 6.5) - 1, 1):]
+            out.append(f'<text x="{x + 4:.1f}" y="{y + 13:.1f}" style="fill:#fff">{_e(label)}</text>')
     out.append("</svg>")
     return "".join(out)
 
@@ -230,7 +290,11 @@ def render(data: ReportData) -> str:
     largest = sorted(data.usage.tensors.items(), key=lambda kv: -kv[1].logical_bytes)[:20]
     parts = [cards,
              f'<section id="tree"><h2>Tree</h2>{_tree_html(data)}</section>',
-             '<section id="sizes"><h2>Where the bytes are</h2><h3 class="muted">per subtree</h3>'
+             '<section id="sizes"><h2>Where the bytes are</h2>'
+             + treemap_svg([(n, u.logical_bytes, bool(data.stats.get(n) and data.stats[n].nonfinite))
+                            for n, u in data.usage.tensors.items()])
+             + '<p class="muted">area: bytes in memory; colour: top-level subtree; red outline: NaN/Inf</p>'
+             + '<h3 class="muted">per subtree</h3>'
              + bars_svg([(k or "(root)", u.logical_bytes, u.stored_bytes) for k, u in subtrees])
              + '<h3 class="muted">largest tensors</h3>'
              + bars_svg([(k, u.logical_bytes, u.stored_bytes) for k, u in largest]) + "</section>",

@@ -49,8 +49,8 @@ def test_page_content_and_self_contained(root: Path, tmp_path: Path) -> None:
     page = out.read_text("utf-8")
     assert data.step == 3 and [s for s, _ in data.metrics] == [0, 1, 2, 3]
     assert {n for n, s in data.stats.items() if s.nonfinite} == {"params.dense.kernel", "params.embed"}
-    for needle in ('id="tree"', "<details", 'class="bars"', 'class="hist"', 'class="metrics"', 'id="nonfinite"',
-                   'id="stats"', "params.dense.kernel", "NaN/Inf"):
+    for needle in ('id="tree"', "<details", 'class="bars"', 'class="treemap"', 'class="hist"', 'class="metrics"',
+                   'id="nonfinite"', 'id="stats"', "params.dense.kernel", "NaN/Inf"):
         assert needle in page, needle
     # nothing is fetched when viewing: no links, sources, imports or url() at all
     assert not re.search(r"\b(src|href)\s*=|@import|url\(|https?://", page)
@@ -145,3 +145,17 @@ def test_script_sorts_and_tree_collapses(root: Path, tmp_path: Path) -> None:
     assert m.group(1) == "params.embed"  # the most Infs first (only embed has any)
     assert (m.group(2), m.group(3)) == ("true", "false")
     assert int(m.group(4)) > 50
+
+
+def test_treemap_layout_fills_the_area() -> None:
+    from ocdbt_py.inspect.report import _squarify, treemap_svg
+
+    sizes = [6.0, 6.0, 4.0, 3.0, 2.0, 2.0, 1.0]
+    rects = _squarify([s * 6 * 4 / sum(sizes) for s in sizes], 0, 0, 6, 4)
+    assert len(rects) == len(sizes)
+    assert sum(w * h for _, _, w, h in rects) == pytest.approx(24)
+    for (x, y, w, h), s in zip(rects, sizes):
+        assert w * h == pytest.approx(s * 24 / sum(sizes))
+        assert x >= 0 and y >= 0 and x + w <= 6 + 1e-9 and y + h <= 4 + 1e-9
+    svg = treemap_svg([(f"t{i}", 10 + i, i == 499) for i in range(500)], most=50)
+    assert svg.count("<rect") == 50 and "(451 smaller tensors)" in svg and 'stroke="#c0262d"' in svg
