@@ -114,8 +114,9 @@ def test_renders_in_chromium(root: Path, tmp_path: Path) -> None:
     # the tree (left column, below the cards) shows its red NaN/Inf badges and dark text
     assert _count(img, (0, 180, w // 2, 700), (0xC0, 0x26, 0x2D)) > 200
     assert _count(img, (0, 180, w // 2, 700), (0x1D, 0x23, 0x30), tol=40) > 500
-    # the size bars (right column) and the charts below are drawn in the chart blue
-    assert _count(img, (w // 2, 180, w, 700), (0x2F, 0x6F, 0xDE)) > 2000
+    # the treemap (right column; its first colour at 80% over white) and the size bars below it
+    assert _count(img, (w // 2, 180, w, 800), (89, 140, 229)) > 20000
+    assert _count(img, (w // 2, 180, w, 1100), (0x2F, 0x6F, 0xDE)) > 1500
     assert _count(img, (0, 700, w, WINDOW[1]), (0x2F, 0x6F, 0xDE)) > 500  # metrics line, histograms
 
 
