@@ -134,3 +134,26 @@ def test_no_function_over_100_lines(package: str) -> None:
                 if n > 100:
                     long.append(f"{path.relative_to(imports.ROOT)}:{node.lineno} {node.name} ({n} lines)")
     assert long == []
+
+
+#: The only modules that import JAX when imported (everything else imports it lazily, so
+#: ``import ocdbt_py.checkpoint`` and NumPy-only use never load JAX).
+JAX_MODULES = {"ocdbt_py.checkpoint.manager.replica_broadcast", "ocdbt_py.checkpoint.restore.jax_restore"}
+
+
+def test_jax_is_imported_only_where_it_is_used() -> None:
+    loads_jax = set()
+    for m, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                name = (node.module if isinstance(node, ast.ImportFrom) else node.names[0].name) or ""
+                if name.split(".")[0] in ("jax", "jaxlib"):
+                    loads_jax.add(m)
+    changed = True
+    while changed:  # modules that import those at their top, transitively
+        changed = False
+        for e in EDGES:
+            if not e.lazy and e.target in loads_jax and e.source not in loads_jax:
+                loads_jax.add(e.source)
+                changed = True
+    assert loads_jax == JAX_MODULES
