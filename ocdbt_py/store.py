@@ -22,7 +22,7 @@ from ocdbt_py.format.manifest import Manifest
 from ocdbt_py.format.version_tree import BtreeGenerationReference
 from ocdbt_py.kvstore import KvStore, open_kvstore
 from ocdbt_py.kvstore.base import ByteRange, ReadRequest, check_range, normalize_request, slice_range
-from ocdbt_py.read.btree_read import iterate, iterate_keys, lookup, lookup_many
+from ocdbt_py.read.btree_read import LeafColumns, iterate, iterate_columns, iterate_keys, lookup, lookup_many
 from ocdbt_py.read.cache import LruCache
 from ocdbt_py.read.node_reader import NodeReader
 from ocdbt_py.read.snapshot import KeyLike, Snapshot, key_bounds, to_key
@@ -325,6 +325,14 @@ class OcdbtStore:
                 yield Entry(k, len(v), None, v)
             else:
                 yield Entry(k, v.length, v)
+
+    def entry_columns(
+        self, prefix: KeyLike = b"", start: KeyLike | None = None, stop: KeyLike | None = None
+    ) -> Iterator[LeafColumns]:
+        """Like :meth:`entries`, a batch of columns (keys, sizes, chosen inline values) per
+        B+tree leaf: no Python object per value, for scans over many keys."""
+        lo, hi = key_bounds(prefix, start, stop)
+        return iterate_columns(self._reader, self._root(), lo, hi)
 
     def items(
         self, prefix: KeyLike = b"", start: KeyLike | None = None, stop: KeyLike | None = None,

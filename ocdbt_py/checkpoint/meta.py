@@ -12,6 +12,7 @@ import functools
 import json
 import math
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -191,34 +192,35 @@ def item_metadata(item: PyTreeItem, *, stored_sizes: bool | None = None) -> Any:
 
 def _scan_ocdbt(item: PyTreeItem, params: Sequence[str], *, want_sizes: bool
                 ) -> tuple[dict[str, tuple[str, bytes]], dict[str, tuple[int, int]]]:
-    """One pass over the B+tree leaves: Zarr metadata (inline there) and chunk value sizes."""
+    """One pass over the B+tree leaves: Zarr metadata (inline there) and chunk value sizes.
+
+    Works on whole leaf nodes at a time (:meth:`OcdbtStore.entry_columns`): no Python object
+    per stored value, the sizes summed per parameter with ``np.bincount``.
+    """
     prefer = "zarr.json" if item.use_zarr3 else ".zarray"
-    wanted = {p.encode("utf-8", "surrogateescape"): p for p in params}
+    pbs = [p.encode("utf-8", "surrogateescape") for p in params]
+    wanted = dict(zip(pbs, params))
+    ids = {pb: j for j, pb in enumerate(pbs)}
     raws: dict[str, tuple[str, bytes]] = {}
     out_of_line: dict[str, str] = {}
-    totals: dict[bytes, list[int]] = {pb: [0, 0] for pb in wanted}
+    size_sum = np.zeros(len(pbs) + 1, np.int64)
+    count = np.zeros(len(pbs) + 1, np.int64)
     for db in item.array_store.databases:
-        for e in db.entries():
-            k = e.key
-            last = k[-1]
-            if last == 0x79 and k.endswith(b"/.zarray"):  # 'y'
-                name, pb = ".zarray", k[:-8]
-            elif last == 0x6E and k.endswith(b"/zarr.json"):  # 'n'
-                name, pb = "zarr.json", k[:-10]
-            else:
-                if want_sizes:
-                    pb = k.rpartition(b"/")[0]
-                    while pb and pb not in totals:  # v3 keys "<p>/c/0/1"; names may hold "/"
-                        pb = pb.rpartition(b"/")[0]
-                    t = totals.get(pb)
-                    if t is not None:
-                        t[0] += e.size
-                        t[1] += 1
-                continue
-            p = wanted.get(pb)
-            if p is not None and (p not in raws or name == prefer):
-                if e.inline is not None:
-                    raws[p] = (name, e.inline)
+        for cols in db.entry_columns():
+            keys = cols.keys
+            metas = [i for i, k in enumerate(keys) if k.endswith((b"/.zarray", b"/zarr.json"))]
+            if want_sizes:
+                _add_sizes(keys, cols.sizes, metas, ids, size_sum, count)
+            pend: dict[str, tuple[int, str]] = {}
+            for i in metas:
+                k = keys[i]
+                name, pb = (".zarray", k[:-8]) if k[-1] == 0x79 else ("zarr.json", k[:-10])  # 'y'
+                p = wanted.get(pb)
+                if p is not None and (name == prefer or (p not in raws and p not in pend)):
+                    pend[p] = (i, name)
+            for (p, (_, name)), inline in zip(pend.items(), cols.inline([i for i, _ in pend.values()])):
+                if inline is not None:
+                    raws[p] = (name, inline)
                 else:
                     out_of_line[p] = name
     missing = [p for p in out_of_line if p not in raws]
@@ -227,8 +229,27 @@ def _scan_ocdbt(item: PyTreeItem, params: Sequence[str], *, want_sizes: bool
         for p, raw in zip(missing, got):
             if raw is not None:
                 raws[p] = (out_of_line[p], raw)
-    sizes = {wanted[pb]: (t[0], t[1]) for pb, t in totals.items()} if want_sizes else {}
+    sizes = dict(zip(params, zip(size_sum.tolist(), count.tolist()))) if want_sizes else {}
     return raws, sizes
+
+
+def _add_sizes(keys: list[bytes], sizes: list[int], metas: list[int], ids: dict[bytes, int],
+               size_sum: np.ndarray, count: np.ndarray) -> None:
+    """Add each chunk value's size to its parameter's total (the metadata keys ``metas``
+    and keys of no wanted parameter excluded)."""
+    none = len(ids)
+    owner = np.fromiter(map(ids.get, [k.rpartition(b"/")[0] for k in keys], repeat(none)), np.int64, len(keys))
+    unowned = owner == none
+    unowned[metas] = False
+    owner[metas] = none
+    for i in np.flatnonzero(unowned).tolist():  # v3 keys "<p>/c/0/1"; names may hold "/"
+        pb = keys[i].rpartition(b"/")[0]
+        while pb and pb not in ids:
+            pb = pb.rpartition(b"/")[0]
+        owner[i] = ids.get(pb, none)
+    sz = np.asarray(sizes, np.int64)
+    size_sum += np.bincount(owner, weights=sz, minlength=none + 1).astype(np.int64)
+    count += np.bincount(owner, minlength=none + 1)
 
 
 def _fetch_metadata(item: PyTreeItem, params: Sequence[str]) -> dict[str, tuple[str, bytes]]:
@@ -310,11 +331,9 @@ def _item_meta(kv: KvStore, kind: Kind, listing: Listing | None, stored_sizes: b
     if kind == Kind.JSON_DIR:
         lst = listing or Listing.of(kv)
         return {f: read_json(kv, f) for f in lst.files if f.endswith(".json")}
-    with paused_gc():
-        item = PyTreeItem(kv, listing=listing)
+    item = PyTreeItem(kv, listing=listing)
     try:
-        with paused_gc():
-            tree = item_metadata(item, stored_sizes=stored_sizes)
+        tree = item_metadata(item, stored_sizes=stored_sizes)
         if bare_array_leaf(item, handler) is not None and isinstance(tree, dict):
             return tree["checkpoint"]
         return tree
@@ -338,6 +357,15 @@ def metadata(
     the OCDBT B-tree for free; for per-parameter directories it needs one request per chunk
     file, so by default only local directories get it (``True`` forces, ``False`` skips).
     """
+    # One pause of the cyclic collector for the whole burst of small objects, ended once the
+    # temporaries (parsed JSON, leaves) are freed: the collection that follows then visits
+    # only the result.
+    with paused_gc():
+        return _metadata(path, item, step, storage_options, stored_sizes)
+
+
+def _metadata(path: PathLike, item: str | None, step: int | None, storage_options: dict[str, Any] | None,
+              stored_sizes: bool | None) -> Any:
     r = resolve(path, step=step, storage_options=storage_options)
     if r.kind == Kind.STEP:
         items = r.items()

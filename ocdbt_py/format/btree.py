@@ -36,6 +36,8 @@ __all__ = [
     "decode_btree_node",
     "node_nbytes",
     "list_leaf_nbytes",
+    "value_lengths",
+    "inline_values",
     "encode_leaf_node",
     "encode_interior_node",
     "MAX_NODE_ENTRIES",
@@ -189,6 +191,25 @@ class _LeafValues(Sequence[Union[bytes, IndirectDataReference]]):
             self._inline = None
         return out
 
+    def lengths(self) -> list[int]:
+        """Every value's length (inline or not), without building the values."""
+        return _as_list(self._lengths)
+
+    def inline_values(self, indices: Sequence[int]) -> list[bytes | None]:
+        """The inline values at ``indices`` (``None`` where a value is stored out of line),
+        without building the other values."""
+        data = self._inline
+        built = self._list
+        if data is None:
+            assert built is not None
+            return [v if isinstance(v, bytes) else None for v in (built[i] for i in indices)]
+        lengths = np.asarray(self._lengths, dtype=np.int64)
+        inline = np.where(np.frombuffer(self._kinds, dtype=np.uint8) == 0, lengths, 0)
+        starts = (np.cumsum(inline) - inline + self._start).tolist()
+        kinds = self._kinds
+        lens = _as_list(self._lengths)
+        return [None if kinds[i] else bytes(data[starts[i] : starts[i] + lens[i]]) for i in indices]
+
     def __len__(self) -> int:
         return len(self._lengths)
 
@@ -269,6 +290,20 @@ def _buffer_nbytes(data: bytes | memoryview) -> int:
         size = len(owner) if isinstance(owner, bytes) else memoryview(owner).nbytes
         return _VIEW + _BYTES + size
     return _BYTES + len(data)
+
+
+def value_lengths(values: Sequence[bytes | IndirectDataReference]) -> list[int]:
+    """The length of every value of a leaf node (see :meth:`_LeafValues.lengths`)."""
+    if isinstance(values, _LeafValues):
+        return values.lengths()
+    return [len(v) if isinstance(v, bytes) else v.length for v in values]
+
+
+def inline_values(values: Sequence[bytes | IndirectDataReference], indices: Sequence[int]) -> list[bytes | None]:
+    """The inline values of a leaf node at ``indices`` (``None``: stored out of line)."""
+    if isinstance(values, _LeafValues):
+        return values.inline_values(indices)
+    return [v if isinstance(v, bytes) else None for v in (values[i] for i in indices)]
 
 
 def _column_nbytes(column: list[int] | np.ndarray) -> int:

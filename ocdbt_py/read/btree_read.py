@@ -9,13 +9,14 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain, islice
+from typing import Any
 
 from ocdbt_py.errors import CorruptionError
-from ocdbt_py.format.btree import BtreeNode, InteriorNode, LeafNode
+from ocdbt_py.format.btree import BtreeNode, InteriorNode, LeafNode, inline_values, value_lengths
 from ocdbt_py.format.data_file_table import IndirectDataReference
 from ocdbt_py.read.node_reader import NodeReader
 
-__all__ = ["Root", "lookup", "lookup_many", "iterate", "Value"]
+__all__ = ["Root", "lookup", "lookup_many", "iterate", "iterate_columns", "LeafColumns", "Value"]
 
 #: A leaf value: inline bytes or a reference to out-of-line bytes.
 Value = "bytes | IndirectDataReference"
@@ -144,6 +145,45 @@ def iterate(
         values = leaf.values
         for i in rng:
             yield prefix + keys[i], values[i]
+
+
+class LeafColumns:
+    """The entries of one leaf node within a range, as columns: full ``keys``, value
+    ``sizes``, and :meth:`inline` for the inline values of chosen entries.  Built without a
+    Python object per value (see :func:`iterate_columns`)."""
+
+    __slots__ = ("keys", "sizes", "_values", "_start")
+
+    def __init__(self, keys: list[bytes], sizes: list[int], values: Sequence[Any], start: int):
+        self.keys = keys
+        self.sizes = sizes
+        self._values = values
+        self._start = start
+
+    def inline(self, indices: Sequence[int]) -> list[bytes | None]:
+        """The inline value of each entry at ``indices`` (positions in :attr:`keys`);
+        ``None`` where the value is stored out of line."""
+        s = self._start
+        return inline_values(self._values, [s + i for i in indices])
+
+
+def iterate_columns(reader: NodeReader, root: Root, lo: bytes = b"", hi: bytes | None = None
+                    ) -> Iterator[LeafColumns]:
+    """Like :func:`iterate`, one :class:`LeafColumns` per leaf node instead of one pair per
+    entry (for scans of many small values: sizes and a few inline values)."""
+    ref, height = root
+    if ref is None:
+        return
+    top = reader.btree_node(ref, height)
+    for leaf, prefix, rng in _walk(reader, top, b"", lo, hi, None):
+        keys = leaf.keys
+        run = list(keys[rng.start : rng.stop]) if isinstance(keys, list) else list(islice(keys, rng.start, rng.stop))
+        if prefix:
+            run = list(map(prefix.__add__, run))
+        sizes = value_lengths(leaf.values)
+        if rng.start or rng.stop != len(sizes):
+            sizes = sizes[rng.start : rng.stop]
+        yield LeafColumns(run, sizes, leaf.values, rng.start)
 
 
 def iterate_keys(reader: NodeReader, root: Root, lo: bytes = b"", hi: bytes | None = None) -> Iterator[bytes]:
