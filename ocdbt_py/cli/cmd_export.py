@@ -96,9 +96,17 @@ def run(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    for w in caught:
-        sys.stderr.write(f"ocdbt: note: {w.message}\n")
+    from ocdbt_py.cli.output import print_json
+
+    notes = [str(w.message) for w in caught]
+    if not args.quiet:
+        for note in notes:
+            sys.stderr.write(f"ocdbt: note: {note}\n")
     size = os.path.getsize(args.out)
-    sys.stdout.write(f"wrote {len(names)} tensors, {human_bytes(size)} to {args.out} "
-                     f"in {time.monotonic() - t0:.1f}s\n")
+    seconds = time.monotonic() - t0
+    if args.json:
+        print_json({"output": args.out, "format": fmt, "tensors": len(names), "names": list(names),
+                    "bytes": size, "seconds": round(seconds, 3), "notes": notes})
+    else:
+        sys.stdout.write(f"wrote {len(names)} tensors, {human_bytes(size)} to {args.out} in {seconds:.1f}s\n")
     return 0

@@ -107,7 +107,8 @@ def _not_found(what: str) -> NotFoundError:
 
 
 def _no_version_at(ns: int) -> NotFoundError:
-    return NotFoundError(f"no version committed at or before {format_nanoseconds(ns)}")
+    when = format_nanoseconds(ns).replace(".000000000Z", "Z")
+    return NotFoundError(f"no version committed at or before {when}")
 
 
 def find_generation(reader: NodeReader, manifest: Manifest, generation: int) -> BtreeGenerationReference:
