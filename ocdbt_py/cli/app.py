@@ -114,7 +114,10 @@ def run(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         try:
-            args = parser.parse_args(args_list)
+            args, extra = parser.parse_known_args(args_list)
+            if extra:  # reported by the subcommand's parser, which names its own --help
+                target = subcommands(parser).get(getattr(args, "command", None) or "", parser)
+                target.error(f"unrecognized arguments: {' '.join(extra)}")
         except SystemExit as e:  # --help, --version, usage errors
             return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
         debug = bool(getattr(args, "debug", False))

@@ -41,6 +41,10 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: Set when a call was abandoned past its deadline: the ``ocdbt`` program then exits at once
+#: rather than wait at interpreter shutdown for the storage library's worker threads.
+ABANDONED = threading.Event()
+
 _MANIFEST = "manifest.ocdbt"
 #: Subdirectories looked into at each level when searching for item databases.
 _MAX_SCAN = 200
@@ -156,6 +160,7 @@ def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
     t.start()
     t.join(seconds)
     if t.is_alive():
+        ABANDONED.set()
         raise CliError(f"{what}: no answer within {seconds:g} s (network or endpoint unreachable? "
                        "--timeout SECONDS to wait longer, --debug for details)")
     if "error" in box:
