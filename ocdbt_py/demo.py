@@ -56,7 +56,7 @@ TRY_NEXT_CLI = (
 TRY_NEXT_PYTHON = (
     'checkpoint.restore("{d}/ckpt")',
     'checkpoint.metadata("{d}/run")',
-    'ocdbt_py.open("{d}/db").versions()',
+    'ocdbt_py.open("{d}/db")',
 )
 
 _LOSSES = (5.0, 3.0, 1.0, 2.0, 4.0, 3.5, 6.0)
