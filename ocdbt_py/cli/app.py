@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from ocdbt_py.cli.errors import CliError, UsageError
+from ocdbt_py.cli.locate import check_locations
 from ocdbt_py.cli.options import add_common
 
 __all__ = ["Parser", "build_parser", "command_modules", "subcommands", "run"]
@@ -123,8 +124,6 @@ def run(argv: Sequence[str] | None = None) -> int:
         debug = bool(getattr(args, "debug", False))
         _quiet_logging(debug)
         _safe_stdout()
-        from ocdbt_py.cli.locate import check_locations
-
         check_locations(args)
         status = args.func(args)
         sys.stdout.flush()

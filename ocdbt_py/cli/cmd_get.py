@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import base64
 
 from ocdbt_py.cli.options import add_location, add_version
+from ocdbt_py.cli.output import key_json, print_json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -61,10 +63,6 @@ def run(args: argparse.Namespace) -> int:
     if value is None:
         raise CliError(f"key '{escape_key(key)}' not found in {args.url} (generation {db.generation})")
     if args.json:
-        import base64
-
-        from ocdbt_py.cli.output import key_json, print_json
-
         print_json({**key_json(key), "generation": db.generation, "length": len(value),
                     "value_base64": base64.b64encode(value).decode("ascii")})
         return 0
