@@ -13,7 +13,7 @@ import pkgutil
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ocdbt_py.cli.errors import CliError, UsageError
 from ocdbt_py.cli.locate import check_locations
@@ -25,7 +25,15 @@ PROG = "ocdbt"
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with usage errors that end by naming the help to read (exit status 2)."""
+    """argparse with usage errors that end by naming the help to read (exit status 2).
+
+    Subcommand parsers are of this class too; an option a command defines again (say its own
+    ``--quiet``) replaces the common one rather than break every command at start-up.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("conflict_handler", "resolve")
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)

@@ -191,3 +191,16 @@ def test_an_object_store_that_does_not_answer_fails_within_the_timeout(
     assert p.stderr == f"ocdbt: error: {url}: no answer within 2 s (network or endpoint unreachable? " \
         "--timeout SECONDS to wait longer, --debug for details)\n"
     assert elapsed < 15, elapsed  # interpreter start-up, imports and the 2 s wait
+
+
+def test_a_command_redefining_a_common_option_does_not_break_the_tool() -> None:
+    from ocdbt_py.cli.app import Parser
+    from ocdbt_py.cli.options import add_json, add_location
+
+    top = Parser(prog="ocdbt")
+    p = top.add_subparsers(dest="command").add_parser("newcmd")
+    add_location(p)
+    add_json(p)  # harmless twice
+    p.add_argument("-q", "--quiet", action="store_true", help="its own")
+    args = top.parse_args(["newcmd", "x", "--quiet", "--json"])
+    assert args.quiet and args.json and args.url == "x"
