@@ -58,7 +58,7 @@ def open_writable(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     else:
         from ocdbt_py.cli.locate import require_location
 
-        require_location(args)  # the one message for a missing path
+        require_location(args, fix="pass --create to create a database there")
         try:
             open_kvstore_checked(args)
         except NotFoundError as e:

@@ -139,9 +139,10 @@ def open_database(args: argparse.Namespace, version: Any = None) -> OcdbtStore:
     return OcdbtStore(kv, version=version)
 
 
-def missing(url: str) -> CliError:
-    """The one error for a location that does not exist (exit status 1, every command)."""
-    return CliError(f"{url} does not exist")
+def missing(url: str, fix: str = "") -> CliError:
+    """The one error for a location that does not exist (exit status 1, every command);
+    ``fix``, when given, follows it after a semicolon."""
+    return CliError(f"{url} does not exist" + (f"; {fix}" if fix else ""))
 
 
 def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
@@ -183,9 +184,9 @@ def _local_path(url: str) -> str:
     return url[len("file://"):] if url.startswith("file://") else url
 
 
-def require_location(args: argparse.Namespace, dest: str = "url") -> None:
-    """Raise :func:`missing` unless the location ``args.<dest>`` exists; on object stores, the
-    answer must come within ``args.timeout`` seconds."""
+def require_location(args: argparse.Namespace, dest: str = "url", fix: str = "") -> None:
+    """Raise :func:`missing` (with ``fix``) unless the location ``args.<dest>`` exists; on
+    object stores, the answer must come within ``args.timeout`` seconds."""
     url = getattr(args, dest, None)
     if not isinstance(url, str):
         return
@@ -196,7 +197,7 @@ def require_location(args: argparse.Namespace, dest: str = "url") -> None:
     else:
         found = os.path.exists(_local_path(loc))
     if not found:
-        raise missing(url)
+        raise missing(url, fix)
 
 
 def check_locations(args: argparse.Namespace) -> None:
