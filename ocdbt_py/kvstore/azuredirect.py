@@ -27,7 +27,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ocdbt_py.kvstore.direct import Fallback, off, proxied, range_headers, ranged_answer
+from ocdbt_py.kvstore.direct import ERROR_BODY, Fallback, off, proxied, range_headers, ranged_answer
 from ocdbt_py.kvstore.rangeio import HttpRangeReader, HttpStatusError
 
 __all__ = ["AzureDirect", "parse_connection_string"]
@@ -182,7 +182,7 @@ class AzureDirect:
     def get(self, container: str, blob: str, start: int, stop: int | None, *, max_body: int) -> bytes | None:
         """Bytes ``[start, stop)``; ``None`` if the blob does not exist; ``b""`` past its end."""
         headers = range_headers(start, stop, "adlfs")
-        status, _, body = self._call("GET", self.url(container, blob), headers, max_body)
+        status, _, body = self._call("GET", self.url(container, blob), headers, max(max_body, ERROR_BODY))
         return ranged_answer(status, body, start, stop)
 
     def head(self, container: str, blob: str) -> int | None:

@@ -25,12 +25,14 @@ from ocdbt_py.kvstore.object_store import ObjectStore
 from ocdbt_py.kvstore.rangeio import HttpRangeReader, HttpStatusError, TlsVerifyError, shared_reader
 
 __all__ = ["Fallback", "DirectReader", "DirectReadStore", "TRANSIENT", "MAX_OBJECT", "off", "proxied",
-           "range_headers", "ranged_answer", "reader_for"]
+           "range_headers", "ranged_answer", "reader_for", "ERROR_BODY"]
 
 #: errors after which one read is repeated through the client library (whose client retries)
 TRANSIENT = (OSError, http.client.HTTPException)
 #: largest object body a direct GET accepts (the caller's ranges bound real reads)
 MAX_OBJECT = 1 << 40
+#: an error response (a 404's XML or JSON) may be read up to this size whatever range was asked
+ERROR_BODY = 1 << 16
 _PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
 
 

@@ -21,7 +21,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ocdbt_py.kvstore.direct import Fallback, off, proxied, range_headers, ranged_answer
+from ocdbt_py.kvstore.direct import ERROR_BODY, Fallback, off, proxied, range_headers, ranged_answer
 from ocdbt_py.kvstore.rangeio import HttpRangeReader, HttpStatusError
 
 __all__ = ["GcsDirect"]
@@ -102,7 +102,7 @@ class GcsDirect:
     def get(self, bucket: str, name: str, start: int, stop: int | None, *, max_body: int) -> bytes | None:
         """Bytes ``[start, stop)``; ``None`` if the object does not exist; ``b""`` past its end."""
         headers = range_headers(start, stop, "gcsfs")
-        status, _, body = self._call("GET", self.media_url(bucket, name), headers, max_body)
+        status, _, body = self._call("GET", self.media_url(bucket, name), headers, max(max_body, ERROR_BODY))
         return ranged_answer(status, body, start, stop)
 
     def head(self, bucket: str, name: str) -> int | None:
