@@ -649,7 +649,6 @@ def _read_leaf_values(r: Reader, n: int, files: list[DataFileId], body: bytes | 
     vector = n >= _VECTOR_ENTRIES
     lengths: list[int] | np.ndarray
     if vector:
-
         lengths = r.varint_array(n, _LIMIT63, "value length")
     else:
         lengths = r.varint_column(n, _LIMIT63, "value length")

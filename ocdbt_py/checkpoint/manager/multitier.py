@@ -401,7 +401,6 @@ class MultiTierCheckpointManager(Lifecycle):
             return False
         items: dict[str, Any] = {}
         if metrics is not None:
-
             items[METRICS_ITEM] = JsonItem(metrics_json(metrics), filename=METRICS_FILE)
         fingerprint = state_fingerprint(state)
         if local:
@@ -508,7 +507,7 @@ class MultiTierCheckpointManager(Lifecycle):
         if self.layout.count < 2:
             peer_why = "the mesh has a single replica"
         else:
-            # optional: that module imports JAX (importing this package must not)
+            # replica_broadcast imports JAX at its top: importing the manager package must not
             from ocdbt_py.checkpoint.manager.replica_broadcast import can_broadcast
 
             for leaf in leaves:
