@@ -87,15 +87,17 @@ def add_location(
     metavar: str = "URL",
     help: str | None = None,
     must_exist: bool = True,
+    optional: bool = False,
 ) -> None:
     """A positional location argument, plus (once per parser) ``-S``, ``--timeout``,
     ``--json``, ``--quiet`` and ``--debug``.
 
     ``must_exist``: the application reports a missing location before the command runs
-    (use ``False`` for an output location or one that ``--create`` may make).
+    (use ``False`` for an output location or one that ``--create`` may make).  ``optional``:
+    the argument may be left out (``nargs="?"``, default ``None``).
     """
     parser.add_argument(
-        dest, metavar=metavar,
+        dest, metavar=metavar, **({"nargs": "?", "default": None} if optional else {}),
         help=help or "a local path or any fsspec URL (s3://, gs://, az://, ...): a database, "
         "an Orbax checkpoint item, step or manager root",
     )
