@@ -96,11 +96,12 @@ def add_location(
     (use ``False`` for an output location or one that ``--create`` may make).  ``optional``:
     the argument may be left out (``nargs="?"``, default ``None``).
     """
-    parser.add_argument(
-        dest, metavar=metavar, **({"nargs": "?", "default": None} if optional else {}),
-        help=help or "a local path or any fsspec URL (s3://, gs://, az://, ...): a database, "
-        "an Orbax checkpoint item, step or manager root",
-    )
+    text = help or ("a local path or any fsspec URL (s3://, gs://, az://, ...): a database, "
+                    "an Orbax checkpoint item, step or manager root")
+    if optional:
+        parser.add_argument(dest, metavar=metavar, nargs="?", default=None, help=text)
+    else:
+        parser.add_argument(dest, metavar=metavar, help=text)
     locations = list(parser.get_default(LOCATIONS) or [])
     locations.append((dest, must_exist))
     parser.set_defaults(**{LOCATIONS: locations})
