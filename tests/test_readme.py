@@ -5,7 +5,8 @@ Driven by the README alone, so lines added later are tested without touching thi
 * ``python`` blocks run in order, in one interpreter, in a directory holding a fresh copy of
   the demo's output (``demo-output/``);
 * ``sh`` lines starting with ``ocdbt`` run there too, in order, with ``ocdbt`` on ``PATH``, and
-  must exit 0; lines starting with ``python`` likewise;
+  must exit 0, or N when their comment says ``(exit N)`` (``ocdbt diff A B  # ... (exit 1)``);
+  lines starting with ``python`` likewise;
 * ``make TARGET`` lines must name targets of the Makefile (``make -n`` only: the test does not
   set up a second environment), ``pip install 'ocdbt-py[extra]'`` lines extras of pyproject.toml;
 * any other line fails the test: teach it here rather than leave a line untested.
@@ -40,12 +41,18 @@ def blocks(lang: str) -> list[str]:
 
 def sh_lines() -> list[str]:
     """Every command line of the ``sh`` blocks, comments stripped."""
+    return [cmd for cmd, _ in sh_lines_with_status()]
+
+
+def sh_lines_with_status() -> list[tuple[str, int]]:
+    """``(command, expected exit status)`` for every command line of the ``sh`` blocks."""
     out = []
     for body in blocks("sh"):
         for line in body.splitlines():
             cmd = _strip_comment(line).strip()
             if cmd:
-                out.append(cmd)
+                m = re.search(r"\(exit (\d+)\)", line[len(_strip_comment(line)):])
+                out.append((cmd, int(m.group(1)) if m else 0))
     return out
 
 
@@ -118,13 +125,13 @@ def _pyproject_extras() -> set[str]:
     return set(re.findall(r"^([A-Za-z0-9_-]+)\s*=", section, re.M))
 
 
-@pytest.mark.parametrize("line", sh_lines())
-def test_sh_line_runs_as_written(line: str, tour_dir: Path) -> None:
+@pytest.mark.parametrize("line,status", sh_lines_with_status())
+def test_sh_line_runs_as_written(line: str, status: int, tour_dir: Path) -> None:
     argv = shlex.split(line)
     if argv[0] in ("ocdbt", "python"):
         p = subprocess.run(["/bin/sh", "-c", line], cwd=tour_dir, env=_env(tour_dir),
                            capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, f"{line}\n{p.stdout[-2000:]}{p.stderr[-3000:]}"
+        assert p.returncode == status, f"{line}\n{p.stdout[-2000:]}{p.stderr[-3000:]}"
         assert "Traceback" not in p.stderr
     elif argv[0] == "make":
         p = subprocess.run(["make", "-n", *argv[1:]], cwd=REPO, capture_output=True, text=True, timeout=60)
