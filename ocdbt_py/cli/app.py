@@ -55,8 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Inspect and check OCDBT databases (TensorStore's format) and Orbax "
         "checkpoints on any fsspec filesystem.",
-        epilog="Exit status: 0 success, 1 error or failed verify, 2 usage error. "
-        "Run 'ocdbt COMMAND --help' for a command's options.",
+        epilog="Every command takes --json (JSON on stdout), -S K=V (fsspec storage options), "
+        "--quiet, --debug and --timeout SECONDS (object stores). Exit status: 0 success, 1 error, "
+        "failed verify or differences found, 2 usage error. Run 'ocdbt COMMAND --help' for a "
+        "command's options.",
     )
     parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {__version__}")
     add_common(parser)
