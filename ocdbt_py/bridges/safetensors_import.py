@@ -1,0 +1,217 @@
+"""safetensors -> Orbax checkpoint, streamed tensor by tensor.
+
+The source is a ``.safetensors`` file, a sharded ``*.safetensors.index.json``, or a directory
+holding either, at a local path or any fsspec URL.  Headers are parsed here with limits
+(:mod:`ocdbt_py.bridges.safetensors_format`); each tensor is read with one ranged read only
+when the writer is ready for it, so peak memory is about one tensor (plus the encoder's
+in-flight chunks), whatever the model size.  Dotted names become nested dicts
+(``model.layers.0.w`` -> ``{"model": {"layers": {"0": {"w": ...}}}}``), so Orbax stores each
+tensor under its original name; bfloat16 and float8 are kept as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from ocdbt_py.bridges.safetensors_format import (
+    MAX_INDEX_BYTES,
+    Header,
+    TensorInfo,
+    parse_header,
+    parse_index,
+)
+from ocdbt_py.checkpoint.saving import api as _save
+from ocdbt_py.checkpoint.saving.atomic import open_destination
+from ocdbt_py.checkpoint.saving.chunking import DEFAULT_TARGET_DATA_FILE_SIZE, GCS_TARGET_DATA_FILE_SIZE
+from ocdbt_py.checkpoint.saving.distributed import coordinator
+from ocdbt_py.checkpoint.saving.process_writer import ChunkJob, default_workers
+from ocdbt_py.errors import CorruptionError, NotFoundError
+from ocdbt_py.kvstore import KvStore, open_kvstore
+
+__all__ = ["import_safetensors", "SourceTensor", "list_source", "read_header"]
+
+#: First read of a file: most headers fit, so one request gets header and size checks going.
+_FIRST_READ = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceTensor:
+    """A tensor of the source: which file of the source directory, and where in it."""
+
+    file: str
+    info: TensorInfo
+
+
+def _split(src: str) -> tuple[str, str | None]:
+    """``(directory URL, file name or None)``."""
+    if src.endswith((".safetensors", ".json")):
+        base, sep, name = src.rstrip("/").rpartition("/")
+        if not sep:
+            return ".", name
+        return (base or "/"), name
+    return src, None
+
+
+def read_header(kv: KvStore, name: str) -> Header:
+    """Parse the header of the safetensors file ``name`` in ``kv`` (at most two small reads)."""
+    size = kv.size(name)
+    if size is None:
+        raise NotFoundError(f"{kv.url.rstrip('/')}/{name} does not exist")
+    where = f"{kv.url.rstrip('/')}/{name}"
+    head = kv.get(name, (0, min(size, _FIRST_READ))) or b""
+    while True:
+        got = parse_header(head, size, where)
+        if isinstance(got, Header):
+            return got
+        head = kv.get(name, (0, got)) or b""
+        if len(head) < got:
+            raise CorruptionError(f"{where} changed while being read (got {len(head)} of {got} header bytes)")
+
+
+def _from_files(kv: KvStore, files: list[str]) -> list[SourceTensor]:
+    out: list[SourceTensor] = []
+    seen: dict[str, str] = {}
+    for f in files:
+        for t in read_header(kv, f).tensors:
+            if t.name in seen:
+                raise CorruptionError(f"tensor {t.name!r} is in both {seen[t.name]} and {f} of {kv.url}")
+            seen[t.name] = f
+            out.append(SourceTensor(f, t))
+    return out
+
+
+def _from_index(kv: KvStore, index: str) -> list[SourceTensor]:
+    raw = kv.get(index, (0, MAX_INDEX_BYTES + 1))
+    if raw is None:
+        raise NotFoundError(f"{kv.url.rstrip('/')}/{index} does not exist")
+    weight_map = parse_index(raw, f"{kv.url.rstrip('/')}/{index}")
+    files = sorted(set(weight_map.values()))
+    by_name = {t.info.name: t for t in _from_files(kv, files)}
+    out: list[SourceTensor] = []
+    for name, f in weight_map.items():
+        t = by_name.get(name)
+        if t is None or t.file != f:
+            raise CorruptionError(f"{index} of {kv.url} puts tensor {name!r} in {f}, which does not hold it")
+        out.append(t)
+    return out
+
+
+def list_source(src: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+                ) -> tuple[KvStore, list[SourceTensor]]:
+    """The store of the source directory and every tensor of the source, shard by shard."""
+    base, name = _split(os.fspath(src))
+    kv = open_kvstore(base, storage_options, read_only=True)
+    if name is not None:
+        return kv, (_from_index(kv, name) if name.endswith(".json") else _from_files(kv, [name]))
+    _, files = kv.list_dir("")
+    indexes = sorted(f for f in files if f.endswith(".safetensors.index.json"))
+    if len(indexes) > 1:
+        raise ValueError(f"{kv.url} holds several indexes ({', '.join(indexes)}); name one of them")
+    if indexes:
+        return kv, _from_index(kv, indexes[0])
+    shards = sorted(f for f in files if f.endswith(".safetensors"))
+    if not shards:
+        raise NotFoundError(f"{kv.url} holds no .safetensors file and no *.safetensors.index.json")
+    return kv, _from_files(kv, shards)
+
+
+def _nest(names: Mapping[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for name, value in names.items():
+        parts = name.split(".")
+        if any(p == "" for p in parts):
+            raise ValueError(f"tensor name {name!r} has an empty part between dots; rename it (--map)")
+        node = tree
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ValueError(f"tensor {name!r} would nest inside tensor {'.'.join(parts[:parts.index(p) + 1])!r}")
+            node = nxt
+        if parts[-1] in node:
+            raise ValueError(f"tensor {name!r} collides with another tensor or a group of that name")
+        node[parts[-1]] = value
+    return tree
+
+
+class _LazyJobs(list):  # type: ignore[type-arg]
+    """The write jobs of an item, each tensor read only when the writer asks for it."""
+
+    def __init__(self, jobs: list[ChunkJob], load: Callable[[str], np.ndarray]):
+        super().__init__(jobs)
+        self._load = load
+
+    def __iter__(self) -> Iterator[ChunkJob]:
+        for spec, origin, _ in list.__iter__(self):
+            yield spec, origin, self._load(spec.param)
+
+
+def _loader(kv: KvStore, by_param: Mapping[str, SourceTensor]) -> Callable[[str], np.ndarray]:
+    def load(param: str) -> np.ndarray:
+        t = by_param[param]
+        data = kv.get(t.file, (t.info.start, t.info.stop))
+        if data is None or len(data) != t.info.nbytes:
+            raise CorruptionError(f"{kv.url.rstrip('/')}/{t.file}: tensor {t.info.name!r} was cut short")
+        return np.frombuffer(data, dtype=t.info.dtype).reshape(t.info.shape)
+
+    return load
+
+
+def import_safetensors(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str] | KvStore,
+    *,
+    rename: Callable[[str], str | None] | Mapping[str, str | None] | None = None,
+    use_zarr3: bool = False,
+    chunk_byte_size: int | None = None,
+    use_compression: bool = True,
+    force: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    dst_storage_options: dict[str, Any] | None = None,
+    workers: int | None = None,
+) -> list[str]:
+    """Write the tensors of a safetensors source into a new Orbax checkpoint at ``dst``.
+
+    ``src``: a ``.safetensors`` file, a ``*.safetensors.index.json``, or a directory holding
+    either (local path or fsspec URL, with ``storage_options``).  ``dst``: the checkpoint
+    (item) directory, local path or fsspec URL (``dst_storage_options``); OCDBT with Zarr v2
+    chunks by default, ``use_zarr3=True`` for Zarr v3, ``chunk_byte_size`` as Orbax's
+    ``SaveArgs``.  ``rename`` maps each name (dict, or a function returning the new name or
+    ``None`` to skip the tensor; e.g. :class:`~ocdbt_py.bridges.namemap.NameMap`) before
+    dotted names become nested dicts.  Zero-size tensors cannot be stored by Orbax: leave them
+    out with ``rename``.  Returns the names written, in the order of the nested tree.
+    """
+    _save.async_save.wait_for_previous()
+    kv, tensors = list_source(src, storage_options)
+    named: dict[str, SourceTensor] = {}
+    for t in tensors:
+        new = t.info.name if rename is None else (rename(t.info.name) if callable(rename)
+                                                   else rename.get(t.info.name, t.info.name))
+        if new is None:
+            continue
+        if new in named:
+            raise ValueError(f"two tensors would be named {new!r} ({named[new].info.name!r} and {t.info.name!r})")
+        if 0 in t.info.shape:
+            raise ValueError(f"tensor {t.info.name!r} has zero size {t.info.shape}, which Orbax cannot store; "
+                             f"leave it out (rename= returning None / --map with null)")
+        named[new] = t
+    if not named:
+        raise ValueError(f"{src} has no tensors to import (after renames)")
+    # placeholders: right shape and dtype, no memory (zero strides); the data is read in _LazyJobs
+    tree = _nest({n: np.broadcast_to(np.zeros((), t.info.dtype), t.info.shape) for n, t in named.items()})
+    coord = coordinator(force_single=True)
+    gcs = isinstance(dst, str) and dst.startswith(("gs://", "gcs://"))
+    opts = _save._Options(use_zarr3, use_compression, chunk_byte_size,
+                          GCS_TARGET_DATA_FILE_SIZE if gcs else DEFAULT_TARGET_DATA_FILE_SIZE,
+                          False, False, workers or default_workers(), True)
+    plan = _save._plan_item(None, tree, coord, opts, None, None)
+    by_param = {leaf.param_name: named[leaf.param_name] for leaf in plan.leaves}
+    plan.jobs = _LazyJobs(plan.jobs, _loader(kv, by_param))
+    dest = open_destination(dst, dst_storage_options)
+    _save._run(dest, {"": plan}, coord, opts, False, force, None, time.time_ns())
+    return [leaf.param_name for leaf in plan.leaves]
