@@ -127,9 +127,8 @@ def test_version_time_travel_and_read_only(tmp_path: Path) -> None:
     assert fs_now.cat_file("a/x") == b"two" and fs_old.cat_file("a/x") == b"one"
     with pytest.raises(ReadOnlyError):
         fs_now.pipe_file("a/y", b"z")
-    with pytest.raises(ReadOnlyError):
-        with fs_now.open("a/y", "wb") as f:
-            f.write(b"z")
+    with pytest.raises(ReadOnlyError), fs_now.open("a/y", "wb") as f:
+        f.write(b"z")
 
 
 def test_writable_commits_one_transaction(tmp_path: Path) -> None:
