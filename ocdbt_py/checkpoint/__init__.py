@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ocdbt_py.bridges.dask_arrays import to_dask
     from ocdbt_py.bridges.safetensors_export import export_safetensors
     from ocdbt_py.bridges.safetensors_import import import_safetensors
+    from ocdbt_py.bridges.torch_tensors import to_torch
     from ocdbt_py.checkpoint.export import export_npz
     from ocdbt_py.checkpoint.layout import UncommittedStepWarning
     from ocdbt_py.checkpoint.manager import CheckpointManager
@@ -40,6 +41,7 @@ __all__ = [
     "export_npz",
     "import_safetensors",
     "to_dask",
+    "to_torch",
     "LeafMetadata",
     "CheckpointInfo",
     "LazyArray",
@@ -59,6 +61,7 @@ _WHERE = {
     "export_safetensors": "ocdbt_py.bridges.safetensors_export",
     "import_safetensors": "ocdbt_py.bridges.safetensors_import",
     "to_dask": "ocdbt_py.bridges.dask_arrays",
+    "to_torch": "ocdbt_py.bridges.torch_tensors",
     "export_npz": "ocdbt_py.checkpoint.export",
     "LazyArray": "ocdbt_py.checkpoint.restore.reader",
     "UncommittedStepWarning": "ocdbt_py.checkpoint.layout",
