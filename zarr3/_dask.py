@@ -86,6 +86,6 @@ def block_array(name: str, shape: Sequence[int], dtype: np.dtype, chunks: tuple[
     dsk: dict[Any, Any] = {}
     for idx in itertools.product(*(range(len(c)) for c in chunks)):
         sel = tuple(slice(starts[ax][i], starts[ax][i] + chunks[ax][i]) for ax, i in enumerate(idx))
-        dsk[(name, *idx)] = (read, source, sel)
+        dsk[(name,) + tuple(idx)] = (read, source, sel)
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
     return da.Array(graph, name, chunks, dtype=dtype, meta=np.empty((0,) * len(shape), dtype=dtype))

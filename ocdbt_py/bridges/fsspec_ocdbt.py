@@ -189,9 +189,9 @@ class OcdbtFileSystem(AbstractFileSystem):  # type: ignore[misc]
             out[key] = {"name": key, "size": size, "type": "file"}
         if not out and path:
             try:
-                i = self.info(path)
-                if i["type"] == "file":
-                    out[path] = i
+                one = self.info(path)
+                if one["type"] == "file":
+                    out[path] = one
             except FileNotFoundError:
                 pass
         names = sorted(out)
@@ -240,10 +240,10 @@ class OcdbtFileSystem(AbstractFileSystem):  # type: ignore[misc]
         out: list[Any] = []
         for k, v in zip(keys, got):
             if v is None:
-                err = FileNotFoundError(f"{self.unstrip_protocol(k)} (in {self.db_url})")
+                missing = FileNotFoundError(f"{self.unstrip_protocol(k)} (in {self.db_url})")
                 if on_error != "return":
-                    raise err
-                out.append(err)
+                    raise missing
+                out.append(missing)
             else:
                 out.append(v)
         return out

@@ -153,6 +153,10 @@ def export_safetensors(
         _write_file(os.path.join(outdir, fname), shard, transposed, meta)
         weight_map.update((t.name, fname) for t in shard)
     index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": weight_map}
-    _write_to(os.path.join(outdir, INDEX_NAME),
-              lambda f: f.write(json.dumps(index, indent=2, sort_keys=True).encode("utf-8") + b"\n"))
+    raw = json.dumps(index, indent=2, sort_keys=True).encode("utf-8") + b"\n"
+
+    def write_index(f: BinaryIO) -> None:
+        f.write(raw)
+
+    _write_to(os.path.join(outdir, INDEX_NAME), write_index)
     return [t.name for t in tensors]
