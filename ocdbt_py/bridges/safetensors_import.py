@@ -2,9 +2,10 @@
 
 The source is a ``.safetensors`` file, a sharded ``*.safetensors.index.json``, or a directory
 holding either, at a local path or any fsspec URL.  Headers are parsed here with limits
-(:mod:`ocdbt_py.bridges.safetensors_format`); each tensor is read with one ranged read only
-when the writer is ready for it, so peak memory is about one tensor (plus the encoder's
-in-flight chunks), whatever the model size.  Dotted names become nested dicts
+(:mod:`ocdbt_py.bridges.safetensors_format`); each tensor is read (in ranged pieces, into
+its own buffer) only when the writer is ready for it, and tensors are written in groups of
+about :data:`GROUP_BYTES` (a larger tensor alone), so peak memory is about one tensor (plus
+the encoder's buffers), whatever the model size.  Dotted names become nested dicts
 (``model.layers.0.w`` -> ``{"model": {"layers": {"0": {"w": ...}}}}``), so Orbax stores each
 tensor under its original name; bfloat16 and float8 are kept as they are.
 """
@@ -12,6 +13,7 @@ tensor under its original name; bfloat16 and float8 are kept as they are.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -30,7 +32,7 @@ from ocdbt_py.checkpoint.saving import api as _save
 from ocdbt_py.checkpoint.saving.atomic import open_destination
 from ocdbt_py.checkpoint.saving.chunking import DEFAULT_TARGET_DATA_FILE_SIZE, GCS_TARGET_DATA_FILE_SIZE
 from ocdbt_py.checkpoint.saving.distributed import coordinator
-from ocdbt_py.checkpoint.saving.process_writer import ChunkJob, default_workers
+from ocdbt_py.checkpoint.saving.process_writer import ChunkJob, ProcessWriter, default_workers
 from ocdbt_py.errors import CorruptionError, NotFoundError
 from ocdbt_py.kvstore import KvStore, open_kvstore
 
@@ -139,27 +141,58 @@ def _nest(names: Mapping[str, Any]) -> dict[str, Any]:
     return tree
 
 
-class _LazyJobs(list):  # type: ignore[type-arg]
-    """The write jobs of an item, each tensor read only when the writer asks for it."""
-
-    def __init__(self, jobs: list[ChunkJob], load: Callable[[str], np.ndarray]):
-        super().__init__(jobs)
-        self._load = load
-
-    def __iter__(self) -> Iterator[ChunkJob]:
-        for spec, origin, _ in list.__iter__(self):
-            yield spec, origin, self._load(spec.param)
+#: Tensors are written in groups of about this many bytes (a larger tensor alone), each group
+#: finished before the next is read: memory stays near one tensor whatever the worker count.
+GROUP_BYTES = 32 << 20
+#: A tensor is read in ranged reads of this size, four at a time, into its own buffer (no
+#: second full copy; at most four pieces are in memory besides it).
+READ_PIECE = 4 << 20
 
 
 def _loader(kv: KvStore, by_param: Mapping[str, SourceTensor]) -> Callable[[str], np.ndarray]:
     def load(param: str) -> np.ndarray:
         t = by_param[param]
-        data = kv.get(t.file, (t.info.start, t.info.stop))
-        if data is None or len(data) != t.info.nbytes:
-            raise CorruptionError(f"{kv.url.rstrip('/')}/{t.file}: tensor {t.info.name!r} was cut short")
-        return np.frombuffer(data, dtype=t.info.dtype).reshape(t.info.shape)
+        where = f"{kv.url.rstrip('/')}/{t.file}"
+        out = np.empty(t.info.nbytes, dtype=np.uint8)
+        spans = [(a, min(a + READ_PIECE, t.info.stop)) for a in range(t.info.start, t.info.stop, READ_PIECE)]
+        for i in range(0, len(spans), 4):  # a few ranges at once, each copied in and dropped
+            batch = spans[i:i + 4]
+            for (a, b), data in zip(batch, kv.get_many([(t.file, r) for r in batch])):
+                if data is None or len(data) != b - a:
+                    raise CorruptionError(f"{where}: tensor {t.info.name!r} was cut short (file changed?)")
+                out[a - t.info.start:b - t.info.start] = np.frombuffer(data, dtype=np.uint8)
+        return out.view(t.info.dtype).reshape(t.info.shape)
 
     return load
+
+
+def _write_streamed(item_kv: KvStore, plan: Any, opts: Any, load: Callable[[str], np.ndarray]) -> Any:
+    """This item's chunks, tensor groups written one after the other (see :data:`GROUP_BYTES`)."""
+    writer = ProcessWriter(item_kv, 0, target_data_file_size=opts.target_data_file_size, sync=opts.sync)
+
+    def loaded(group: list[ChunkJob]) -> Iterator[ChunkJob]:
+        for spec, origin, _ in group:
+            yield spec, origin, load(spec.param)
+
+    try:
+        for spec in plan.metadata_specs:
+            writer.put(spec.metadata_key, spec.metadata_bytes())
+        group: list[ChunkJob] = []
+        size = 0
+        for job in plan.jobs:
+            nbytes = math.prod(job[0].shape) * job[0].dtype.itemsize
+            if group and size + nbytes > GROUP_BYTES:
+                writer.run(writer.tasks(loaded(group)), opts.workers)
+                group, size = [], 0
+            group.append(job)
+            size += nbytes
+        if group:
+            writer.run(writer.tasks(loaded(group)), opts.workers)
+    except BaseException:
+        writer.pool.abort()
+        raise
+    writer.finish()
+    return writer.entries or None
 
 
 def import_safetensors(
@@ -210,8 +243,13 @@ def import_safetensors(
                           GCS_TARGET_DATA_FILE_SIZE if gcs else DEFAULT_TARGET_DATA_FILE_SIZE,
                           False, False, workers or default_workers(), True)
     plan = _save._plan_item(None, tree, coord, opts, None, None)
-    by_param = {leaf.param_name: named[leaf.param_name] for leaf in plan.leaves}
-    plan.jobs = _LazyJobs(plan.jobs, _loader(kv, by_param))
+    load = _loader(kv, {leaf.param_name: named[leaf.param_name] for leaf in plan.leaves})
     dest = open_destination(dst, dst_storage_options)
-    _save._run(dest, {"": plan}, coord, opts, False, force, None, time.time_ns())
+    init_ns = time.time_ns()
+    dest.prepare(force)  # the steps of save()'s single-process path, with a streamed middle
+    root = dest.write_kv
+    own = _write_streamed(root, plan, opts, load)
+    if opts.sync:
+        dest.sync()
+    _save._commit(dest, root, {"": plan}, coord, opts, False, None, init_ns, {"": own})
     return [leaf.param_name for leaf in plan.leaves]

@@ -287,33 +287,43 @@ def test_index_cannot_point_outside(tmp_path: Path) -> None:
 
 
 _RSS_SCRIPT = r"""
-import json, resource, sys, numpy as np
+import json, os, sys, threading, numpy as np
 from ocdbt_py import checkpoint
 import ocdbt_py.bridges.safetensors_import, ocdbt_py.bridges.safetensors_export
 mode, src, dst = sys.argv[1:4]
-# warm up the code paths on a tiny input so imports and thread pools are in the baseline
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+def rss():  # current resident set size (ru_maxrss would hide a peak below the import-time one)
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+base = rss()
+peak = [base]
+stop = threading.Event()
+def sample():
+    while not stop.wait(0.001):
+        peak[0] = max(peak[0], rss())
+t = threading.Thread(target=sample, daemon=True)
+t.start()
 if mode == "import":
-    checkpoint.import_safetensors(src, dst, workers=2)
+    checkpoint.import_safetensors(src, dst)
 else:
     checkpoint.export_safetensors(src, dst, max_shard_size="40MB")
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"base": base * 1024, "peak": peak * 1024}))
+stop.set(); t.join()
+print(json.dumps({"base": base, "peak": max(peak[0], rss())}))
 """
 
 
 @pytest.mark.parametrize("mode", ["import", "export"])
 def test_peak_rss_about_one_tensor(tmp_path: Path, mode: str) -> None:
-    n, tensor_mb = 8, 24
+    n, tensor_mb = 5, 40  # tensors larger than the import's group size (32 MiB)
     big = {f"layer.{i}.w": np.full((tensor_mb << 18,), i, dtype=np.float32) for i in range(n)}
     (tmp_path / "src").mkdir()
     if mode == "import":
-        for i in range(n // 2):  # two shards
-            st_numpy.save_file({k: big[k] for k in list(big)[i * 2:i * 2 + 2]},
-                               str(tmp_path / "src" / f"part{i}.safetensors"))
+        for i in range(0, n, 2):  # shards of two tensors
+            st_numpy.save_file({k: big[k] for k in list(big)[i:i + 2]}, str(tmp_path / "src" / f"part{i}.safetensors"))
         src, dst = str(tmp_path / "src"), str(tmp_path / "ckpt")
     else:
-        checkpoint.save(tmp_path / "ckpt", big, use_compression=False)
+        checkpoint.save(tmp_path / "ckpt", big)  # zstd, as Orbax writes by default
         src, dst = str(tmp_path / "ckpt"), str(tmp_path / "hf")
     del big
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -323,9 +333,12 @@ def test_peak_rss_about_one_tensor(tmp_path: Path, mode: str) -> None:
     m = json.loads(r.stdout.strip().splitlines()[-1])
     growth = m["peak"] - m["base"]
     tensor = tensor_mb << 20
-    assert growth < 2.5 * tensor, f"peak RSS grew {growth / 2**20:.0f} MiB for {tensor_mb} MiB tensors ({n} of them)"
+    msg = f"peak RSS grew {growth / 2**20:.0f} MiB for {tensor_mb} MiB tensors ({n} of them)"
+    print(msg)
+    # one tensor, plus read pieces (import: 16 MiB) or decode buffers (export) and slack
+    assert 0.5 * tensor < growth < tensor + (32 << 20), msg
     if mode == "import":
         back = checkpoint.restore(dst)
-        assert float(back["layer"]["7"]["w"][5]) == 7.0
+        assert float(back["layer"][str(n - 1)]["w"][5]) == n - 1
     else:
         assert len(_load_dir(Path(dst))) == n
