@@ -58,6 +58,9 @@ class OcdbtFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     protocol = PROTOCOL
     root_marker = ""
+    #: Not cached by fsspec: each instance opens the database anew, so a later open sees the
+    #: commits made since (one manifest read), and writable instances never share a transaction.
+    cachable = False
 
     def __init__(
         self,

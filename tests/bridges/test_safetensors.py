@@ -17,6 +17,7 @@ from ocdbt_py import checkpoint
 from ocdbt_py.bridges.namemap import NameMap, load_name_map
 from ocdbt_py.bridges.safetensors_format import parse_size
 from ocdbt_py.errors import CorruptionError
+from tests.objectstores.conftest import s3_server  # noqa: F401 - the session's moto server
 
 safetensors = pytest.importorskip("safetensors")
 ROOT = Path(__file__).resolve().parents[2]
@@ -342,3 +343,21 @@ def test_peak_rss_about_one_tensor(tmp_path: Path, mode: str) -> None:
         assert float(back["layer"][str(n - 1)]["w"][5]) == n - 1
     else:
         assert len(_load_dir(Path(dst))) == n
+
+
+def test_export_and_import_over_s3(tmp_path: Path, s3_server: Any) -> None:  # noqa: F811
+    """Checkpoint on S3 -> HF shards; HF shards on S3 -> checkpoint on S3 (moto on loopback)."""
+    import fsspec
+
+    s3_server.make_bucket("stbucket")
+    opts = s3_server.storage_options()
+    tree = _tree()
+    checkpoint.save("s3://stbucket/ckpt", tree, storage_options=opts)
+    checkpoint.export_safetensors("s3://stbucket/ckpt", tmp_path / "hf", max_shard_size="3KB", storage_options=opts)
+    fs = fsspec.filesystem("s3", **opts)
+    fs.put(str(tmp_path / "hf") + "/", "stbucket/hf/", recursive=True)
+    checkpoint.import_safetensors("s3://stbucket/hf", "s3://stbucket/back", storage_options=opts,
+                                  dst_storage_options=opts)
+    back = _flat(checkpoint.restore("s3://stbucket/back", storage_options=opts))
+    for n, a in _flat(tree).items():
+        _same(back[n], a)
