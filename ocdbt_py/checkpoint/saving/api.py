@@ -33,6 +33,8 @@ from ocdbt_py.checkpoint.saving.chunking import (
     chunk_byte_limit,
 )
 from ocdbt_py.checkpoint.saving.distributed import Coordinator, coordinator
+from ocdbt_py.checkpoint.saving.host_copy import copy_arrays, keep_arena
+from ocdbt_py.checkpoint.saving.jax_arrays import default_replica_parallel, plan_jax_array
 from ocdbt_py.checkpoint.saving.merge import check_complete, collect_children, write_root
 from ocdbt_py.checkpoint.saving.params import (
     JAX_ARRAY,
@@ -120,7 +122,6 @@ def _host_array(value: Any, where: str) -> np.ndarray:
 def _copy_shared(plans: Mapping[str, Any], workers: int, reuse: bool) -> np.ndarray | None:
     """Replace every job's data that is the caller's memory by a private copy (async saves);
     returns the buffer holding the copies."""
-    from ocdbt_py.checkpoint.saving.host_copy import copy_arrays
 
     where: list[tuple[_ItemPlan, int]] = []
     for plan in plans.values():
@@ -156,8 +157,6 @@ def _plan_item(name: str | None, tree: Any, coord: Coordinator, opts: _Options, 
         vt = leaf.value_type
         pname = leaf.param_name
         if vt == JAX_ARRAY:
-            from ocdbt_py.checkpoint.saving.jax_arrays import plan_jax_array
-
             jp = plan_jax_array(leaf.value, replica_parallel=opts.replica_parallel, name=leaf.where,
                                 devices=coord.writer_devices)
             spec = _spec(pname, jp.shape, jp.dtype, jp.write_shape, opts)
@@ -307,23 +306,46 @@ def save(
     coord = _coordinator if _coordinator is not None else coordinator(timeout_s=barrier_timeout)
     if copy is None:
         copy = not blocking
+    opts = _make_options(path, use_zarr3, use_compression, chunk_byte_size, ocdbt_target_data_file_size,
+                         replica_parallel, copy, workers, sync)
+    if handler is not None and handler not in _HANDLERS:
+        raise ValueError(f"handler must be 'standard' or 'pytree', not {handler!r}")
+    plans = _make_plans(tree, composite, coord, opts, handler, pytree_custom_metadata)
+
+    arena = _copy_shared(plans, min(opts.workers, 4), keep_copy_buffer) if opts.copy else None
+    dest = open_destination(path, storage_options)
+    init_ns = time.time_ns()
+
+    def work() -> None:
+        _run(dest, plans, coord, opts, composite, force, custom_metadata, init_ns)
+        if arena is not None and keep_copy_buffer:
+            plans.clear()  # nothing references the copies any more
+            keep_arena(arena)
+
+    return async_save.start(dest.display, work, blocking=blocking, started=started)
+
+
+def _make_options(path: Any, use_zarr3: bool, use_compression: bool, chunk_byte_size: int | None,
+                  ocdbt_target_data_file_size: int | None, replica_parallel: bool | None, copy: bool,
+                  workers: int | None, sync: bool) -> _Options:
+    """The checked options of one save, with Orbax's defaults filled in."""
     if ocdbt_target_data_file_size is not None and ocdbt_target_data_file_size < 0:
         raise ValueError("ocdbt_target_data_file_size must be >= 0")
     if chunk_byte_size is not None and chunk_byte_size <= 0:
         raise ValueError("chunk_byte_size must be positive")
-    if handler is not None and handler not in _HANDLERS:
-        raise ValueError(f"handler must be 'standard' or 'pytree', not {handler!r}")
     if replica_parallel is None:
-        from ocdbt_py.checkpoint.saving.jax_arrays import default_replica_parallel
-
         replica_parallel = default_replica_parallel()
     target = ocdbt_target_data_file_size
     if target is None:  # Orbax's defaults: 400 MiB on GCS, 2 GiB elsewhere
         gcs = isinstance(path, str) and path.startswith(("gs://", "gcs://"))
         target = GCS_TARGET_DATA_FILE_SIZE if gcs else DEFAULT_TARGET_DATA_FILE_SIZE
-    opts = _Options(use_zarr3, use_compression, chunk_byte_size, target, bool(replica_parallel), bool(copy),
+    return _Options(use_zarr3, use_compression, chunk_byte_size, target, bool(replica_parallel), bool(copy),
                     workers or default_workers(), sync)
 
+
+def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: _Options, handler: str | None,
+                pytree_custom_metadata: Any) -> dict[str, _ItemPlan | JsonItem]:
+    """What to write for each item (``""`` for a single item), checked before anything is."""
     if composite:
         if not isinstance(tree, Mapping) or not tree:
             raise TypeError("composite=True needs a non-empty dict of item name -> tree or JsonItem")
@@ -340,20 +362,7 @@ def save(
             plans[name] = value
         else:
             plans[name] = _plan_item(name or None, value, coord, opts, handler, pytree_custom_metadata)
-
-    arena = _copy_shared(plans, min(opts.workers, 4), keep_copy_buffer) if opts.copy else None
-    dest = open_destination(path, storage_options)
-    init_ns = time.time_ns()
-
-    def work() -> None:
-        _run(dest, plans, coord, opts, composite, force, custom_metadata, init_ns)
-        if arena is not None and keep_copy_buffer:
-            from ocdbt_py.checkpoint.saving.host_copy import keep_arena
-
-            plans.clear()  # nothing references the copies any more
-            keep_arena(arena)
-
-    return async_save.start(dest.display, work, blocking=blocking, started=started)
+    return plans
 
 
 def _run(dest: Destination, plans: Mapping[str, _ItemPlan | JsonItem], coord: Coordinator, opts: _Options,
