@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from zarr3.array import open as open_array
+
 __all__ = ["merged_chunks", "block_array", "ArraySource", "DEFAULT_BLOCK_BYTES"]
 
 #: Target bytes of one dask block (dask's own default ``array.chunk-size``).
@@ -60,8 +62,6 @@ class ArraySource:
 
 @functools.lru_cache(maxsize=32)
 def _open_source(src: ArraySource) -> Any:
-    from zarr3.array import open as open_array
-
     opts = json.loads(src.options_json) or None
     return open_array(src.location, src.path, storage_options=opts, zarr_format=src.zarr_format)
 

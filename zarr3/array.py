@@ -274,7 +274,7 @@ class Array:
         ``dask.distributed`` worker processes; one opened from a store object ships that
         object with the graph (fine for threads; it must pickle for processes).
         """
-        from zarr3 import _dask
+        from zarr3 import _dask  # cycle: _dask opens arrays by location with this module's open()
 
         stored = self.shards or self.chunks
         chunks = _dask.merged_chunks(self.shape, stored, self.dtype.itemsize,
@@ -738,7 +738,7 @@ def open(  # noqa: A001 - mirrors zarr.open / ocdbt_py.open
 def _remember_source(arr: Array, location: str, storage_options: dict[str, Any] | None, path: str,
                      zarr_format: int | None) -> None:
     """Record how to reopen a read-only array by location (for :meth:`Array.to_dask`)."""
-    from zarr3._dask import ArraySource
+    from zarr3._dask import ArraySource  # cycle: _dask imports this module
 
     try:
         if not location.startswith(("/",)) and "://" not in location:

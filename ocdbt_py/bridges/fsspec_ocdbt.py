@@ -27,6 +27,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import fsspec
 from fsspec import AbstractFileSystem
 from fsspec.spec import AbstractBufferedFile
 
@@ -42,8 +43,6 @@ _LOCAL = (None, "", "file", "local")
 
 def register() -> None:
     """Register :class:`OcdbtFileSystem` for ``ocdbt://`` with fsspec (harmless if it is)."""
-    import fsspec
-
     fsspec.register_implementation(PROTOCOL, OcdbtFileSystem, clobber=True)
 
 

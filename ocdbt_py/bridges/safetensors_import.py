@@ -30,9 +30,8 @@ from ocdbt_py.bridges.safetensors_format import (
 )
 from ocdbt_py.checkpoint.saving import api as _save
 from ocdbt_py.checkpoint.saving.atomic import open_destination
-from ocdbt_py.checkpoint.saving.chunking import DEFAULT_TARGET_DATA_FILE_SIZE, GCS_TARGET_DATA_FILE_SIZE
 from ocdbt_py.checkpoint.saving.distributed import coordinator
-from ocdbt_py.checkpoint.saving.process_writer import ChunkJob, ProcessWriter, default_workers
+from ocdbt_py.checkpoint.saving.process_writer import ChunkJob, ProcessWriter
 from ocdbt_py.errors import CorruptionError, NotFoundError
 from ocdbt_py.kvstore import KvStore, open_kvstore
 
@@ -238,10 +237,7 @@ def import_safetensors(
     # placeholders: right shape and dtype, no memory (zero strides); the data is read in _LazyJobs
     tree = _nest({n: np.broadcast_to(np.zeros((), t.info.dtype), t.info.shape) for n, t in named.items()})
     coord = coordinator(force_single=True)
-    gcs = isinstance(dst, str) and dst.startswith(("gs://", "gcs://"))
-    opts = _save._Options(use_zarr3, use_compression, chunk_byte_size,
-                          GCS_TARGET_DATA_FILE_SIZE if gcs else DEFAULT_TARGET_DATA_FILE_SIZE,
-                          False, False, workers or default_workers(), True)
+    opts = _save._make_options(dst, use_zarr3, use_compression, chunk_byte_size, None, False, False, workers, True)
     plan = _save._plan_item(None, tree, coord, opts, None, None)
     load = _loader(kv, {leaf.param_name: named[leaf.param_name] for leaf in plan.leaves})
     dest = open_destination(dst, dst_storage_options)

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
+import os
+import sys
+import time
+import warnings
 from typing import Any
 
-from ocdbt_py.cli.errors import value_errors_as_usage
+from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
 from ocdbt_py.cli.options import add_json, add_location, name_map_arg, storage_options
+from ocdbt_py.cli.output import human_bytes, print_json
 
 __all__ = ["register", "run"]
 
@@ -59,8 +65,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _renamer(args: argparse.Namespace, name_map: Any = None) -> Any:
-    from ocdbt_py.cli.errors import UsageError
-
     pairs = []
     for r in args.rename:
         old, sep, new = r.partition("=")
@@ -83,10 +87,6 @@ def _renamer(args: argparse.Namespace, name_map: Any = None) -> Any:
 
 
 def _format(args: argparse.Namespace) -> str:
-    import os
-
-    from ocdbt_py.cli.errors import UsageError
-
     fmt = args.format
     is_dir = args.out.endswith(("/", os.sep)) or os.path.isdir(args.out)
     if args.max_shard_size is not None or (fmt is None and is_dir):
@@ -104,16 +104,13 @@ def _format(args: argparse.Namespace) -> str:
 
 
 def _written_files(args: argparse.Namespace, fmt: str) -> list[str]:
-    import os
-
     if fmt != "safetensors-dir":
         return [args.out]
+    # with the engine, at run time (it pulls in the checkpoint reader)
     from ocdbt_py.bridges.safetensors_export import INDEX_NAME, SINGLE_NAME
 
     index = os.path.join(args.out, INDEX_NAME)
     if os.path.exists(index):
-        import json
-
         with open(index, encoding="utf-8") as f:
             shards = sorted(set(json.load(f)["weight_map"].values()))
         return [os.path.join(args.out, n) for n in shards] + [index]
@@ -122,20 +119,13 @@ def _written_files(args: argparse.Namespace, fmt: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Write the file(s)."""
-    import os
-    import sys
-    import time
-    import warnings
-
+    # the checkpoint engine loads when the command runs, so `ocdbt --help` stays quick
     from ocdbt_py.checkpoint import UncommittedStepWarning, export_npz, export_safetensors
-    from ocdbt_py.cli.output import human_bytes, print_json
 
     fmt = _format(args)
     name_map = name_map_arg(args.map)
     transpose = list(args.transpose) + (list(name_map.transpose) if name_map is not None else [])
     if transpose and fmt == "npz":
-        from ocdbt_py.cli.errors import UsageError
-
         raise UsageError("--transpose applies to safetensors output")
     t0 = time.monotonic()
     kw: dict[str, Any] = {"dtype": args.dtype, "rename": _renamer(args, name_map), "item": args.item,

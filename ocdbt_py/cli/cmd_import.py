@@ -7,9 +7,14 @@ bfloat16 and float8 are kept.
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from typing import Any
 
+from ocdbt_py.bridges.safetensors_format import parse_size
+from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
 from ocdbt_py.cli.options import add_json, add_location, name_map_arg, parse_storage_option, storage_options
+from ocdbt_py.cli.output import print_json
 
 __all__ = ["register", "run"]
 
@@ -43,13 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace) -> int:
     """Write the checkpoint."""
-    import sys
-    import time
-
-    from ocdbt_py.bridges.safetensors_format import parse_size
+    # the checkpoint engine loads when the command runs, so `ocdbt --help` stays quick
     from ocdbt_py.checkpoint import import_safetensors
-    from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
-    from ocdbt_py.cli.output import print_json
 
     chunk: int | None = None
     if args.chunk_byte_size is not None:

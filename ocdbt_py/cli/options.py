@@ -6,6 +6,9 @@ import argparse
 import json
 from typing import Any
 
+from ocdbt_py.bridges.namemap import load_name_map
+from ocdbt_py.cli.errors import UsageError
+
 __all__ = [
     "add_common",
     "add_location",
@@ -106,9 +109,6 @@ def parse_version(text: str) -> int | str:
 def name_map_arg(path: str | None) -> Any:
     """The :class:`~ocdbt_py.bridges.namemap.NameMap` of a ``--map FILE`` (``None`` without one);
     an unreadable or malformed file is a usage error."""
-    from ocdbt_py.bridges.namemap import load_name_map
-    from ocdbt_py.cli.errors import UsageError
-
     if path is None:
         return None
     try:
