@@ -1,7 +1,8 @@
 """Checkpoint -> safetensors: one file, or Hugging Face's sharded layout, streamed.
 
-Each tensor is read in slabs (:data:`ocdbt_py.checkpoint.export.SLAB_BYTES`) and appended to
-its shard, so peak memory is about one slab, not one tensor and not the model.  With
+Each tensor is read in slabs (:data:`ocdbt_py.checkpoint.export.SLAB_BYTES`, whole chunk rows)
+and appended to its shard, the write of one slab overlapping the read of the next, so peak
+memory is about two slabs (one tensor when it is a single chunk), not the model.  With
 ``max_shard_size`` the output is a directory holding ``model.safetensors`` when everything
 fits, else ``model-00001-of-0000N.safetensors`` ... and ``model.safetensors.index.json``
 (``{"metadata": {"total_size": n}, "weight_map": {name: file}}``), as
@@ -10,6 +11,7 @@ fits, else ``model-00001-of-0000N.safetensors`` ... and ``model.safetensors.inde
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import os
@@ -18,6 +20,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ocdbt_py import pools
 from ocdbt_py.bridges.namemap import glob_matcher
 from ocdbt_py.bridges.safetensors_format import build_header, parse_size
 from ocdbt_py.checkpoint import export as _export
@@ -66,15 +69,23 @@ def _write_file(out: str | os.PathLike[str] | BinaryIO, tensors: list[ExportedTe
 
     def body(f: BinaryIO) -> None:
         f.write(head)
-        for t in tensors:
-            written = 0
-            for slab in _tensor_slabs(t, t.name in transposed):
-                buf = _le_bytes(slab)
-                f.write(buf.data)
-                written += buf.nbytes
-                del slab, buf  # the next slab is read with only this one's memory freed
-            if written != t.nbytes:
-                raise RuntimeError(f"tensor {t.name!r}: wrote {written} bytes, expected {t.nbytes}")
+        pending: concurrent.futures.Future[Any] | None = None
+        try:
+            for t in tensors:
+                written = 0
+                for slab in _tensor_slabs(t, t.name in transposed):
+                    buf = _le_bytes(slab)
+                    del slab
+                    if pending is not None:
+                        pending.result()  # at most one slab being written while the next is read
+                    pending = pools.shared("io").submit(f.write, buf.data)
+                    written += buf.nbytes
+                    del buf  # the write task holds it until written
+                if written != t.nbytes:
+                    raise RuntimeError(f"tensor {t.name!r}: wrote {written} bytes, expected {t.nbytes}")
+        finally:
+            if pending is not None:
+                pending.result()
 
     _write_to(out, body)
 
