@@ -2,13 +2,13 @@
 
 A block reads through a *source*: a small picklable, hashable description (a URL and
 options, never an open handle) that each worker process turns into an array once and
-caches, so the graph runs on ``dask.distributed`` workers.  dask is imported only here.
+caches (``zarr3.array.read_source_block``), so the graph runs on ``dask.distributed``
+workers.  dask is imported only here, and only when a graph is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import json
 import math
@@ -16,8 +16,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-
-from zarr3.array import open as open_array
 
 __all__ = ["merged_chunks", "block_array", "ArraySource", "DEFAULT_BLOCK_BYTES"]
 
@@ -58,17 +56,6 @@ class ArraySource:
            zarr_format: int | None = None) -> ArraySource:
         """From plain arguments (the options must be JSON-serialisable)."""
         return cls(location, json.dumps(storage_options or {}, sort_keys=True), path, zarr_format)
-
-
-@functools.lru_cache(maxsize=32)
-def _open_source(src: ArraySource) -> Any:
-    opts = json.loads(src.options_json) or None
-    return open_array(src.location, src.path, storage_options=opts, zarr_format=src.zarr_format)
-
-
-def read_source_block(src: ArraySource, sel: tuple[slice, ...]) -> np.ndarray:
-    """A task: read one block of the array a source names (opened once per process)."""
-    return np.asarray(_open_source(src)[sel])
 
 
 def read_object_block(arr: Any, sel: tuple[slice, ...]) -> np.ndarray:

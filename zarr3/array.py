@@ -10,7 +10,9 @@ modified and rewritten; chunks equal to the fill value are deleted rather than s
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import math
 import os
 import threading
@@ -21,6 +23,7 @@ import numpy as np
 
 from ocdbt_py.errors import CorruptionError, ReadOnlyError
 from ocdbt_py.kvstore import KvStore, PrefixStore, open_kvstore
+from zarr3 import _dask
 from zarr3._executor import IoSink, Job, LocalFetcher, run_jobs, run_pipeline
 from zarr3.chunk_grid import ChunkKeyEncoding, parse_shape
 from zarr3.codecs import (
@@ -274,8 +277,6 @@ class Array:
         ``dask.distributed`` worker processes; one opened from a store object ships that
         object with the graph (fine for threads; it must pickle for processes).
         """
-        from zarr3 import _dask  # cycle: _dask opens arrays by location with this module's open()
-
         stored = self.shards or self.chunks
         chunks = _dask.merged_chunks(self.shape, stored, self.dtype.itemsize,
                                      block_bytes or _dask.DEFAULT_BLOCK_BYTES)
@@ -284,7 +285,7 @@ class Array:
 
         if src is not None:
             name = f"zarr3-{dask.base.tokenize(src, chunks)}"
-            return _dask.block_array(name, self.shape, self.dtype, chunks, _dask.read_source_block, src)
+            return _dask.block_array(name, self.shape, self.dtype, chunks, read_source_block, src)
         name = f"zarr3-{dask.base.tokenize(id(self), self._store.url, chunks)}"
         return _dask.block_array(name, self.shape, self.dtype, chunks, _dask.read_object_block, self)
 
@@ -738,14 +739,24 @@ def open(  # noqa: A001 - mirrors zarr.open / ocdbt_py.open
 def _remember_source(arr: Array, location: str, storage_options: dict[str, Any] | None, path: str,
                      zarr_format: int | None) -> None:
     """Record how to reopen a read-only array by location (for :meth:`Array.to_dask`)."""
-    from zarr3._dask import ArraySource  # cycle: _dask imports this module
-
     try:
         if not location.startswith(("/",)) and "://" not in location:
             location = os.path.abspath(location)
-        arr._source = ArraySource.of(location, storage_options, path, zarr_format)
+        arr._source = _dask.ArraySource.of(location, storage_options, path, zarr_format)
     except (TypeError, ValueError):  # options that are not JSON: ship the array object instead
         pass
+
+
+@functools.lru_cache(maxsize=32)
+def _open_source(src: _dask.ArraySource) -> Array:
+    """A read-only array opened by location, once per process (dask tasks)."""
+    opts = json.loads(src.options_json) or None
+    return open(src.location, src.path, storage_options=opts, zarr_format=src.zarr_format)
+
+
+def read_source_block(src: _dask.ArraySource, sel: tuple[slice, ...]) -> np.ndarray:
+    """A dask task: read one block of the array a source names."""
+    return np.asarray(_open_source(src)[sel])
 
 
 _UNSET: Any = object()
