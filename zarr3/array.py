@@ -28,10 +28,14 @@ from zarr3.codecs import (
     ShardingCodec,
     codec_from_dict,
     compressor_from_v2,
+    filters_from_v2,
 )
+from zarr3.codecs._filter import Filter
 from zarr3.codecs.base import Buffer, BytesBytesCodec, Codec
 from zarr3.codecs.chain import CodecChain, equals_fill
 from zarr3.codecs.sharding import MISSING
+from zarr3.codecs.vlen_bytes import VlenBytesCodec
+from zarr3.codecs.vlen_utf8 import VlenUtf8Codec
 from zarr3.dtypes import DataType, data_type_from_numpy, struct_v2_json, v2_dtype_string
 from zarr3.errors import (
     ArrayNotFoundError,
@@ -122,6 +126,8 @@ class _Scratch:
 
     def array(self, shape: Sequence[int], dtype: np.dtype[Any]) -> np.ndarray:
         """The buffer as a C-contiguous array of ``shape`` (must fit in ``nbytes``)."""
+        if dtype.hasobject or dtype.kind == "T":  # variable-length elements cannot live in bytes
+            return np.empty(shape, dtype)
         n = math.prod(shape) * dtype.itemsize
         return np.frombuffer(self.get()[:n], dtype=np.uint8).view(dtype).reshape(shape)
 
@@ -727,6 +733,30 @@ def _compressor_v3(compressor: Any) -> list[Codec]:
     return [_as_codec(compressor, "compressor")]
 
 
+def _serializer_v3(dt: DataType) -> Codec:
+    if dt.kind == "string":
+        return VlenUtf8Codec()
+    if dt.kind == "vbytes":
+        return VlenBytesCodec()
+    if dt.kind == "object":
+        raise MetadataError("dtype", "object", "JSON object arrays exist only in zarr v2 (json2)")
+    return BytesCodec()
+
+
+def _filter_json(f: Any) -> Any:
+    return f.to_v2() if isinstance(f, Filter) else f
+
+
+def _filters_v3(filters: Sequence[Any] | None) -> list[Codec]:
+    """v3 ``numcodecs.<id>`` array -> array codecs for numcodecs filter configurations."""
+    out: list[Codec] = []
+    for i, f in enumerate(filters or ()):
+        entry = dict(_filter_json(f))
+        cid = entry.pop("id", None)
+        out.append(codec_from_dict({"name": f"numcodecs.{cid}", "configuration": entry}, f"filters[{i}]"))
+    return out
+
+
 def create(
     store: Any,
     path: str = "",
@@ -749,6 +779,7 @@ def create(
     storage_options: dict[str, Any] | None = None,
     write_empty_chunks: bool = False,
     fill_missing: bool = True,
+    filters: Sequence[Any] | None = None,
 ) -> Array:
     """Create an array (writing its metadata) and return it open for writing.
 
@@ -759,6 +790,11 @@ def create(
     "level": 1}``) or codec; ``order`` and ``dimension_separator`` apply.  ``fill_value=None``
     means zero in v3 and ``null`` in v2, as TensorStore does.  ``overwrite=True`` deletes every
     key below the array's path first.
+
+    ``dtype`` may also be ``str`` / NumPy ``StringDType`` (v3 ``string`` with ``vlen-utf8``, v2
+    ``|O`` with the ``vlen-utf8`` object codec), ``object`` (variable-length bytes), ``S<n>``
+    or ``U<n>``.  ``filters`` are numcodecs filter configurations (``{"id": "delta", "dtype":
+    "<i4"}``...): the v2 ``filters`` member, or ``numcodecs.<id>`` array -> array codecs in v3.
     """
     if zarr_format not in (2, 3):
         raise ValueError(f"zarr_format must be 2 or 3, not {zarr_format!r}")
@@ -805,7 +841,8 @@ def create(
             if compressor is not _UNSET:
                 raise ValueError("pass either codecs or compressor, not both")
         else:
-            codec_list = [BytesCodec(), *_compressor_v3(compressor)]
+            codec_list = [_serializer_v3(dt), *_compressor_v3(compressor)]
+            codec_list[:0] = _filters_v3(filters)
             if order == "F" and len(shape_t) > 1:
                 from zarr3.codecs import TransposeCodec
 
@@ -831,6 +868,7 @@ def create(
     else:
         if shards is not None or codecs is not None:
             raise ValueError("shards and codecs are zarr v3 features; use compressor for v2")
+        filter_list = filters_from_v2([_filter_json(f) for f in filters]) if filters else None
         if dimension_names is not None:
             raise ValueError("dimension_names is a zarr v3 feature")
         comp: BytesBytesCodec | None
@@ -867,6 +905,7 @@ def create(
             stored_dtype=stored,
             attributes=dict(attributes) if attributes else None,
             dtype_string=dtype_string,
+            filters=filter_list,
         )
         kv.set(".zarray", meta.to_bytes())
         attrs = meta.attrs_bytes()

@@ -165,7 +165,7 @@ class ArrayMetadataV3:
             "chunk_grid": {"configuration": {"chunk_shape": list(self.chunk_shape)}, "name": "regular"},
             "chunk_key_encoding": self.chunk_key_encoding.to_json(),
             "codecs": self.chain.to_json(),
-            "data_type": self.data_type.name,
+            "data_type": self.data_type.v3_json,
             "fill_value": encode_fill_value_v3(self.fill_value, self.data_type),
             "node_type": "array",
             "shape": list(self.shape),
