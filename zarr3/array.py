@@ -132,6 +132,13 @@ class _Scratch:
         return np.frombuffer(self.get()[:n], dtype=np.uint8).view(dtype).reshape(shape)
 
 
+def _fetch_buffer_bytes(chain: CodecChain, max_bytes: int | None = None) -> int:
+    """Size of the reused per-worker fetch buffer: the largest encoded chunk, except for
+    variable-length data, whose bound (1 GiB) is no size to allocate up front."""
+    n = chain.max_encoded_size if max_bytes is None else max_bytes
+    return min(n, 1 << 22) if chain.spec.dtype.variable else n
+
+
 def _fill_region(region: np.ndarray, fill: np.ndarray | None) -> None:
     # "no fill value" means zero bits (not the number 0: float8_e8m0fnu has no zero)
     region[...] = np.zeros((), region.dtype) if fill is None else fill
@@ -333,7 +340,7 @@ class Array:
 
             return [job]
 
-        fetch = LocalFetcher.for_store(self._store, chain.max_encoded_size)
+        fetch = LocalFetcher.for_store(self._store, _fetch_buffer_bytes(chain))
         run_pipeline(self._store, units(), lambda u: (u[0], None), handle, fetch_one=fetch)
 
     def _shard_groups(
@@ -425,7 +432,9 @@ class Array:
             return jobs
 
         if whole_units:
-            fetch = LocalFetcher.for_store(self._store, shard.max_encoded_size(meta.chain.ab_spec))
+            fetch = LocalFetcher.for_store(
+                self._store, _fetch_buffer_bytes(meta.chain, shard.max_encoded_size(meta.chain.ab_spec))
+            )
             run_pipeline(self._store, whole_units, lambda u: (u[0], None), handle_whole, fetch_one=fetch)
         if not partial_units:
             return
@@ -468,7 +477,7 @@ class Array:
                 )
             return [inner_job(data, combo)]
 
-        fetch = LocalFetcher.for_store(self._store, inner.max_encoded_size)
+        fetch = LocalFetcher.for_store(self._store, _fetch_buffer_bytes(inner))
         run_pipeline(self._store, inner_units, lambda u: (u[0], u[1]), handle_inner, fetch_one=fetch)
 
     # -- writing ---------------------------------------------------------------------------

@@ -69,8 +69,27 @@ class Json2Filter(Filter):
             raise CorruptionError(f"json2: invalid JSON chunk: {e}") from e
         if not isinstance(items, list) or len(items) < 2 or items[-2] not in ("|O", "O"):
             raise CorruptionError("json2: expected [items..., '|O', shape]")
-        values = items[:-2]
-        out = np.empty(len(values), dtype=object)
-        for i, v in enumerate(values):
+        shape = items[-1]
+        if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+            raise CorruptionError("json2: invalid shape")
+        if not shape:  # 0-d: the single value
+            out = np.empty(1, dtype=object)
+            out[0] = items[0]
+            return out
+        flat: list[Any] = []
+        _flatten(items[:-2], shape, flat)
+        out = np.empty(len(flat), dtype=object)
+        for i, v in enumerate(flat):
             out[i] = v
         return out
+
+
+def _flatten(values: Any, shape: list[int], out: list[Any]) -> None:
+    """Collect the elements of nested lists of exactly ``shape`` in C order."""
+    if not isinstance(values, list) or len(values) != shape[0]:
+        raise CorruptionError(f"json2: nested items do not match the shape {shape}")
+    if len(shape) == 1:
+        out.extend(values)
+        return
+    for v in values:
+        _flatten(v, shape[1:], out)
