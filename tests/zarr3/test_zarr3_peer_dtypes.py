@@ -1,0 +1,175 @@
+"""String/bytes dtypes, numcodecs filters and codecs written by zarr3 and read by zarr-python 3
+(and the reverse for what the fixture matrix does not cover), plus the decoder edge cases
+peers produce (blosc trailing bytes, an unavailable blosc compressor)."""
+
+from __future__ import annotations
+
+import struct
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import zarr3
+from zarr3.codecs import BloscCodec, compressor_from_v2
+from zarr3.errors import CodecUnavailableError, CorruptionError, UnsupportedError
+
+zarr = pytest.importorskip("zarr")
+warnings.simplefilter("ignore")
+
+STRS = np.array([["", "a", "héllo"], ["日本", "x" * 40, "z"]], dtype=np.dtypes.StringDType())
+
+
+def _zp(path: Path) -> np.ndarray:
+    return zarr.open_array(str(path), mode="r")[...]
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("compressor", [None, "zstd"])
+def test_zarr_python_reads_our_strings(tmp_path: Path, fmt: int, compressor: Any) -> None:
+    comp: Any = compressor
+    if fmt == 2 and compressor:
+        comp = {"id": "zstd", "level": 1}
+    a = zarr3.create(tmp_path / "s", shape=(3, 3), chunks=(2, 2), dtype=str, zarr_format=fmt, compressor=comp)
+    a[0:2, :] = STRS
+    got = _zp(tmp_path / "s")
+    want = np.array([*STRS.tolist(), ["", "", ""]], dtype=object)
+    assert got.reshape(-1).tolist() == want.reshape(-1).tolist()
+    assert zarr3.open(tmp_path / "s")[...].tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("dtype, values, fill", [
+    ("S4", [b"", b"ab", b"a\x00c", b"wxyz"], b"foo"),
+    ("<U3", ["", "ab", "日本語", "z"], "q"),
+    (object, [b"", b"\x00\x01", b"x" * 30, b"z"], None),
+])  # fmt: skip
+def test_zarr_python_reads_our_bytes_and_unicode(tmp_path: Path, fmt: int, dtype: Any, values: Any, fill: Any) -> None:
+    arr = np.empty(4, dtype=dtype)
+    arr[:] = values
+    a = zarr3.create(tmp_path / "b", shape=(6,), chunks=(4,), dtype=dtype, zarr_format=fmt, fill_value=fill)
+    a[0:4] = arr
+    got = _zp(tmp_path / "b")
+    assert got[:4].tolist() == arr.tolist()
+    ours = zarr3.open(tmp_path / "b")[...]
+    assert ours.dtype == got.dtype and ours.tolist() == got.tolist()
+
+
+V2_FILTERS = [
+    ("<i4", [{"id": "delta", "dtype": "<i4"}]),
+    ("<i4", [{"id": "delta", "dtype": "<i4", "astype": "<i2"}, {"id": "shuffle", "elementsize": 2}]),
+    ("<f8", [{"id": "fixedscaleoffset", "offset": 1, "scale": 100, "dtype": "<f8", "astype": "<i4"}]),
+    ("<f8", [{"id": "quantize", "digits": 2, "dtype": "<f8", "astype": "<f4"}]),
+    ("<f8", [{"id": "astype", "encode_dtype": "<f4", "decode_dtype": "<f8"}]),
+    ("<f4", [{"id": "bitround", "keepbits": 6}]),
+    ("|b1", [{"id": "packbits"}]),
+]
+
+
+def _values(dtype: str) -> np.ndarray:
+    i = np.arange(40)
+    if dtype == "|b1":
+        return (i % 3 == 0).reshape(5, 8)
+    return ((i - 7) * (0.37 if dtype[1] == "f" else 3)).astype(dtype).reshape(5, 8)
+
+
+@pytest.mark.parametrize("dtype, filters", V2_FILTERS)
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_zarr_python_reads_our_filters(tmp_path: Path, dtype: str, filters: list[Any], fmt: int) -> None:
+    if fmt == 3 and any(f["id"] == "shuffle" for f in filters):
+        filters = filters[:1]  # shuffle is a bytes -> bytes codec in v3
+    if fmt == 3 and filters[0]["id"] == "quantize":  # zarr-python's v3 quantize ignores astype
+        filters = [{k: v for k, v in filters[0].items() if k != "astype"}]
+    vals = _values(dtype)
+    a = zarr3.create(tmp_path / "f", shape=(5, 8), chunks=(2, 3), dtype=dtype, zarr_format=fmt, filters=filters)
+    a[...] = vals
+    got = _zp(tmp_path / "f")
+    ours = zarr3.open(tmp_path / "f")[...]
+    assert ours.dtype == got.dtype.newbyteorder("=")
+    np.testing.assert_array_equal(ours, got)
+    if filters[0]["id"] in ("delta", "packbits"):  # lossless
+        np.testing.assert_array_equal(ours, vals)
+
+
+def test_v3_numcodecs_metadata_round_trips(tmp_path: Path) -> None:
+    from zarr.codecs import numcodecs as zn
+
+    z = zarr.create_array(
+        str(tmp_path / "n"), shape=(10,), chunks=(4,), dtype="<f8",
+        filters=[zn.FixedScaleOffset(offset=0, scale=10, dtype="<f8", astype="<i2")],
+        compressors=[zn.LZMA(), zn.CRC32()],
+    )  # fmt: skip
+    z[...] = np.arange(10) / 10
+    a = zarr3.open(tmp_path / "n", mode="r+")
+    assert [c["name"] for c in a.metadata.chain.to_json()] == [
+        "numcodecs.fixedscaleoffset", "bytes", "numcodecs.lzma", "numcodecs.crc32"
+    ]  # fmt: skip
+    a[3:5] = [7.0, 8.0]
+    np.testing.assert_array_equal(_zp(tmp_path / "n"), np.r_[np.arange(3) / 10, 7.0, 8.0, np.arange(5, 10) / 10])
+
+
+def _blosc_frame() -> bytes:
+    codec = compressor_from_v2({"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1}, 4)
+    assert isinstance(codec, BloscCodec)
+    return bytes(codec.encode(np.arange(256, dtype="<i4").tobytes()))
+
+
+def test_blosc_trailing_bytes_are_ignored_like_zarr_python() -> None:
+    """z5py pads blosc chunks; the blosc library (and so zarr-python) reads them."""
+    numcodecs = pytest.importorskip("numcodecs")
+    padded = _blosc_frame() + b"\0" * 13
+    codec = compressor_from_v2({"id": "blosc"}, 4)
+    assert codec is not None
+    want = bytes(numcodecs.Blosc().decode(padded))
+    assert bytes(codec.decode(padded, 1024, 1024)) == want == np.arange(256, dtype="<i4").tobytes()
+    with pytest.raises(CorruptionError):  # but a frame longer than the data is corrupt
+        codec.decode(_blosc_frame()[:-1], 1024, 1024)
+
+
+def test_blosc_frame_of_missing_compressor_names_it() -> None:
+    """A frame compressed with snappy (absent from the installed blosc) is a codec limit."""
+    frame = bytearray(_blosc_frame())
+    frame[2] = (frame[2] & 0x1F) | (2 << 5)  # compressor format 2 = snappy
+    codec = compressor_from_v2({"id": "blosc"}, 4)
+    assert codec is not None
+    with pytest.raises(CodecUnavailableError) as ei:
+        codec.decode(bytes(frame), 1024, 1024)
+    assert "snappy" in str(ei.value) and isinstance(ei.value, UnsupportedError)
+
+
+def test_vlen_decoding_is_bounded() -> None:
+    from zarr3.codecs.vlen_utf8 import decode_strings
+
+    with pytest.raises(CorruptionError):
+        decode_strings(struct.pack("<I", 1 << 30) + b"\0" * 8)  # count larger than the data
+    with pytest.raises(CorruptionError):
+        decode_strings(struct.pack("<II", 1, 1 << 31) + b"abc")  # item past the end
+    with pytest.raises(CorruptionError):
+        decode_strings(struct.pack("<II", 1, 2) + b"\xff\xfe")  # not UTF-8
+
+
+def test_pickle_object_codec_is_refused_not_run(tmp_path: Path) -> None:
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / ".zarray").write_text(
+        '{"zarr_format":2,"shape":[2],"chunks":[2],"dtype":"|O","compressor":null,'
+        '"fill_value":null,"filters":[{"id":"pickle","protocol":5}],"order":"C"}'
+    )
+    with pytest.raises(UnsupportedError, match="pickle"):
+        zarr3.open(tmp_path / "p")
+
+
+def test_fill_values_as_zarr_python_writes_them() -> None:
+    from zarr3.metadata_v2 import ArrayMetadataV2
+    from zarr3.metadata_v3 import ArrayMetadataV3
+
+    base = {"zarr_format": 2, "shape": [2], "chunks": [2], "compressor": None, "filters": None}
+    for fill, want in (("", b""), ("Zm9v", b"foo"), ("Zm8", b"fo"), ("Zm9vYmE=", b"fooba")):
+        m = ArrayMetadataV2.from_json({**base, "dtype": "|S5", "fill_value": fill})
+        assert m.fill_value is not None and m.fill_value[()] == want and m.data_type.dtype == np.dtype("S5")
+    v3 = {"zarr_format": 3, "node_type": "array", "shape": [2], "chunk_grid": {"name": "regular",
+          "configuration": {"chunk_shape": [2]}}, "codecs": ["bytes"]}  # fmt: skip
+    for fill in (0, 1):
+        m3 = ArrayMetadataV3.from_json({**v3, "data_type": "bool", "fill_value": fill})
+        assert m3.fill_value[()] == bool(fill)
