@@ -36,7 +36,8 @@ def pack_items(items: Iterable[bytes]) -> bytes:
 
 def unpack_items(buf: Any, what: str, expected: int | None = None) -> list[bytes]:
     """Decode the vlen layout into byte strings; any inconsistency is a CorruptionError."""
-    data = memoryview(np.ascontiguousarray(np.asarray(buf)).reshape(-1).view(np.uint8)).cast("B")
+    raw: Any = np.ascontiguousarray(np.asarray(buf)).reshape(-1).view(np.uint8)
+    data = memoryview(raw).cast("B")
     total = len(data)
     if total < 4:
         raise CorruptionError(f"{what}: {total} bytes is shorter than the item count header")

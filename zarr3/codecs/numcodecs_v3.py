@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ocdbt_py.errors import CorruptionError
 from zarr3.codecs._filter import FILTERS, Filter
 from zarr3.codecs.base import ArrayArrayCodec, Buffer, BytesBytesCodec, ChunkSpec
 from zarr3.dtypes import data_type_from_numpy
@@ -47,6 +48,8 @@ class NumcodecsArrayCodec(ArrayArrayCodec):
     def encoded_spec(self, spec: ChunkSpec) -> ChunkSpec:
         dtype = self._encoded_dtype(spec)
         n = self.filter.encoded_count(spec.size, spec.dtype.dtype)
+        if n is None:  # pragma: no cover - resolve() rejects variable-size filters
+            raise MetadataError("codecs", self.name, "not usable as an array -> array codec")
         shape = spec.shape if n == spec.size else (n,)
         dt = data_type_from_numpy(dtype)
         return ChunkSpec(tuple(int(s) for s in shape), dt, None)
@@ -64,8 +67,6 @@ class NumcodecsArrayCodec(ArrayArrayCodec):
     def decode(self, arr: np.ndarray, spec: ChunkSpec) -> np.ndarray:
         out = np.asarray(self.filter.decode(np.ascontiguousarray(arr)))
         if out.size != spec.size:
-            from ocdbt_py.errors import CorruptionError
-
             raise CorruptionError(f"{self.name} decoded {out.size} elements, expected {spec.size}")
         return out.astype(spec.dtype.dtype, copy=False).reshape(spec.shape)
 
