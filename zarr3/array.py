@@ -26,6 +26,7 @@ from zarr3.chunk_grid import ChunkKeyEncoding, parse_shape
 from zarr3.codecs import (
     BytesCodec,
     ShardingCodec,
+    TransposeCodec,
     codec_from_dict,
     compressor_from_v2,
     filters_from_v2,
@@ -648,11 +649,7 @@ class Array:
                 sink.submit(lambda: store.delete(key))
                 return
             blobs = [b if isinstance(b, bytes) else bytes(b) for b in parts]
-            set_parts = getattr(store, "set_parts", None)
-            if set_parts is not None:
-                sink.submit(lambda: set_parts(key, blobs))
-            else:
-                sink.submit(lambda: store.set(key, b"".join(blobs)))
+            sink.submit(lambda: store.set_parts(key, blobs))
 
         covered: list[tuple[str, tuple[int, ...], list[list[ChunkDimSel]]]] = []
         partial: list[tuple[str, tuple[int, ...], list[list[ChunkDimSel]]]] = []
@@ -853,7 +850,6 @@ def create(
             codec_list = [_serializer_v3(dt), *_compressor_v3(compressor)]
             codec_list[:0] = _filters_v3(filters)
             if order == "F" and len(shape_t) > 1:
-                from zarr3.codecs import TransposeCodec
 
                 codec_list.insert(0, TransposeCodec("F"))
         grid = chunk_t
