@@ -18,7 +18,7 @@ import numpy as np
 
 from zarr3 import _json
 from zarr3.chunk_grid import ChunkKeyEncoding, parse_shape
-from zarr3.codecs import OBJECT_CODECS, CodecChain, compressor_from_v2, compressor_to_v2, filters_from_v2
+from zarr3.codecs import FILTERS, OBJECT_CODECS, CodecChain, compressor_from_v2, compressor_to_v2, filters_from_v2
 from zarr3.codecs._filter import Filter
 from zarr3.codecs.base import BytesBytesCodec, ChunkSpec, Codec
 from zarr3.codecs.bytes import BytesCodec, StructBytesCodec
@@ -196,8 +196,6 @@ def _object_type(filters: list[Filter]) -> DataType:
 
 
 def _default_object_codec(dt: DataType) -> list[Filter]:
-    from zarr3.codecs import FILTERS
-
     cid = {"string": "vlen-utf8", "vbytes": "vlen-bytes"}.get(dt.kind, "json2")
     return [FILTERS[cid].from_config({}, "filters[0]")]
 
