@@ -57,6 +57,8 @@ class DataType:
     kind: str
     v2_name: str | None = None  # bare v2 name for types without a byte-order letter
     length_bytes: int | None = None
+    time_unit: str | None = None  # numpy.datetime64 / numpy.timedelta64: unit and scale factor
+    time_scale: int = 1
 
     @property
     def variable(self) -> bool:
@@ -66,6 +68,8 @@ class DataType:
     @property
     def v3_json(self) -> Any:
         """The v3 ``data_type`` member for this type."""
+        if self.time_unit is not None:
+            return {"configuration": {"scale_factor": self.time_scale, "unit": self.time_unit}, "name": self.name}
         if self.length_bytes is None:
             return self.name
         return {"configuration": {"length_bytes": self.length_bytes}, "name": self.name}
@@ -173,6 +177,30 @@ def fixed_unicode_type(nchars: int) -> DataType:
     return DataType("fixed_length_utf32", np.dtype(f"U{nchars}"), "unicode", length_bytes=4 * nchars)
 
 
+_TIME_UNITS = ("Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as", "generic")
+_TIME_V2 = re.compile(r"^([<>|=]?)([mM])8(?:\[([0-9]*)([A-Za-z]+)\])?$")
+
+
+def time_type(letter: str, unit: str, scale: int = 1) -> DataType:
+    """``numpy.datetime64`` (``letter`` ``M``) or ``numpy.timedelta64`` (``m``) of ``scale`` units."""
+    code = unit if unit == "generic" else f"{scale if scale != 1 else ''}{unit}"
+    dtype = np.dtype(f"{letter}8" if unit == "generic" else f"{letter}8[{code}]")
+    name = "numpy.datetime64" if letter == "M" else "numpy.timedelta64"
+    return DataType(name, dtype, "datetime", time_unit=unit, time_scale=scale)
+
+
+def _time_v3(name: str, config: Any, field: str) -> DataType:
+    if not isinstance(config, Mapping) or not set(config) <= {"unit", "scale_factor"}:
+        raise MetadataError(f"{field}.configuration", config, 'expected {"unit": ..., "scale_factor": n}')
+    unit = config.get("unit", "generic")
+    scale = config.get("scale_factor", 1)
+    if unit not in _TIME_UNITS:
+        raise MetadataError(f"{field}.configuration.unit", unit, f"expected one of {list(_TIME_UNITS)}")
+    if not isinstance(scale, int) or isinstance(scale, bool) or not 1 <= scale < 1 << 31:
+        raise MetadataError(f"{field}.configuration.scale_factor", scale, "expected a positive integer")
+    return time_type("M" if name == "numpy.datetime64" else "m", unit, scale)
+
+
 def _configured_v3(name: str, config: Any, field: str, value: Any) -> DataType:
     """zarr-python's configured data types: ``{"name": ..., "configuration": {"length_bytes": n}}``."""
     if not isinstance(config, Mapping) or set(config) != {"length_bytes"}:
@@ -205,6 +233,8 @@ def parse_data_type_v3(value: Any, field: str = "data_type") -> DataType:
         config = value.get("configuration")
         if name in ("null_terminated_bytes", "raw_bytes", "fixed_length_utf32"):
             return _configured_v3(name, config, field, value)
+        if name in ("numpy.datetime64", "numpy.timedelta64"):
+            return _time_v3(name, config, field)
         if config not in (None, {}):
             raise MetadataError(field, value, "data type configuration is not supported")
     if not isinstance(name, str):
@@ -237,6 +267,13 @@ def parse_dtype_v2(value: Any, field: str = "dtype") -> tuple[DataType, np.dtype
     if value in ("|O", "O", "object"):
         # refined by the object codec in ``filters`` (vlen-utf8 -> string, ...)
         return OBJECT, OBJECT.dtype
+    tm = _TIME_V2.match(value)
+    if tm:
+        order, letter, scale_s, unit = tm.groups()
+        if (unit or "generic") not in _TIME_UNITS:
+            raise MetadataError(field, value, "unsupported datetime unit")
+        t = time_type(letter, unit or "generic", int(scale_s) if scale_s else 1)
+        return t, t.dtype.newbyteorder(">" if order == ">" else "<")
     bare = value[1:] if value[:1] in "<>|=" and len(value) > 1 else value
     dt = DATA_TYPES.get(bare)
     if dt is not None and dt.v2_name is not None:
@@ -349,6 +386,9 @@ def data_type_from_numpy(dtype: Any) -> DataType:
         return fixed_unicode_type(nd.itemsize // 4)
     if nd.kind == "T":
         return STRING
+    if nd.kind in "mM":
+        unit, scale = np.datetime_data(nd)
+        return time_type(nd.kind, unit, scale)
     if nd.kind == "O" or dtype is str:
         return STRING if dtype is str else VLEN_BYTES
     if nd.kind == "V" and nd.fields is None and nd.names is None:
@@ -372,6 +412,8 @@ def v2_dtype_string(dt: DataType, byteorder: str = "<") -> str:
         return f"|V{nd.itemsize}"
     if dt.kind == "bytes":
         return f"|S{nd.itemsize}"
+    if dt.kind == "datetime":
+        return byteorder + nd.str[1:]
     if dt.kind == "unicode":
         return f"{byteorder}U{nd.itemsize // 4}"
     if dt.variable:

@@ -139,6 +139,8 @@ def parse_fill_value_v3(value: Any, dt: DataType, field: str = "fill_value") -> 
         return _float_from_json(value, dt, field)
     if kind in _TEXT_KINDS or (kind == "raw" and isinstance(value, str)):
         return _parse_text_fill(value, dt, field)
+    if kind == "datetime":
+        return _parse_time_fill(value, dt, field)
     if kind == "complex":
         if not isinstance(value, (list, tuple)) or len(value) != 2:
             raise MetadataError(field, value, f"expected [real, imag] for {dt.name}")
@@ -202,6 +204,15 @@ def _parse_text_fill(value: Any, dt: DataType, field: str) -> np.ndarray:
     return np.frombuffer(raw, dtype=dt.dtype).reshape(())
 
 
+def _parse_time_fill(value: Any, dt: DataType, field: str) -> np.ndarray:
+    """datetime64/timedelta64: the int64 count zarr-python writes (``-2**63`` is NaT)."""
+    if value == "NaT":
+        return np.array("NaT", dtype=dt.dtype)
+    if isinstance(value, bool) or not isinstance(value, int) or not -(1 << 63) <= value < 1 << 63:
+        raise MetadataError(field, value, f"expected an int64 count for {dt.name}")
+    return np.array(value, dtype=np.int64).view(dt.dtype).reshape(())
+
+
 def _encode_text_fill(v: np.ndarray, dt: DataType) -> Any:
     if dt.kind == "object":
         return v[()]
@@ -244,6 +255,8 @@ def encode_fill_value_v3(value: np.ndarray, dt: DataType) -> Any:
         return _encode_float(v, dt)
     if dt.kind in _TEXT_KINDS or dt.name == "raw_bytes":
         return _encode_text_fill(v, dt)
+    if dt.kind == "datetime":
+        return int(v.view(np.int64))
     if dt.kind == "complex":
         comp = dt.component
         parts = v.reshape(1).view(comp.dtype)
@@ -270,6 +283,8 @@ def parse_fill_value_v2(
         return None
     if kind in _TEXT_KINDS:
         return _parse_text_fill(value, dt, field)
+    if kind == "datetime":
+        return _parse_time_fill(value, dt, field)
     if kind == "raw" and isinstance(value, str):
         return np.frombuffer(_b64_padded(value, stored.itemsize, field), dtype=stored).astype(dt.dtype).reshape(())
     if kind == "bool":
@@ -304,6 +319,8 @@ def encode_fill_value_v2(value: np.ndarray | None, dt: DataType, stored: np.dtyp
     v = np.asarray(value, dtype=dt.dtype).reshape(())
     if dt.kind in _TEXT_KINDS:
         return _encode_text_fill(v, dt)
+    if dt.kind == "datetime":
+        return int(v.view(np.int64))
     if dt.kind == "bool":
         return bool(v)
     if dt.kind in ("int", "uint"):
@@ -342,7 +359,9 @@ def normalize_fill_value(value: Any, dt: DataType, field: str = "fill_value") ->
             return arr.astype(dt.dtype).reshape(())
     if isinstance(value, bytes) and dt.kind == "raw":
         return parse_fill_value_v3(list(value), dt, field)
-    if dt.kind in _TEXT_KINDS:
+    if dt.kind == "datetime" and isinstance(value, int) and not isinstance(value, bool):
+        return _parse_time_fill(value, dt, field)
+    if dt.kind in _TEXT_KINDS or dt.kind == "datetime":
         out = np.empty((), dtype=dt.dtype)
         out[()] = ("" if dt.kind != "vbytes" else b"") if value is None else value
         return out

@@ -173,3 +173,17 @@ def test_fill_values_as_zarr_python_writes_them() -> None:
     for fill in (0, 1):
         m3 = ArrayMetadataV3.from_json({**v3, "data_type": "bool", "fill_value": fill})
         assert m3.fill_value[()] == bool(fill)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("dtype", ["M8[ns]", "m8[10s]", ">M8[D]"])
+def test_zarr_python_reads_our_datetimes(tmp_path: Path, fmt: int, dtype: str) -> None:
+    vals = (np.arange(5, dtype="int64") * 3 - 2).view(np.dtype(dtype).newbyteorder("="))
+    fill = np.array(-(1 << 63), "int64").view(vals.dtype)[()]  # NaT
+    a = zarr3.create(tmp_path / "t", shape=(7,), chunks=(3,), dtype=dtype, zarr_format=fmt, fill_value=fill)
+    a[0:5] = vals
+    got = _zp(tmp_path / "t")
+    ours = zarr3.open(tmp_path / "t")[...]
+    assert ours.dtype == got.dtype.newbyteorder("=") == vals.dtype
+    assert ours.view("int64").tolist() == got.astype(ours.dtype).view("int64").tolist()
+    assert ours[:5].tolist() == vals.tolist() and np.isnat(ours[5:]).all()
