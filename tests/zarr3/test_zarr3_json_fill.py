@@ -181,7 +181,7 @@ def test_v2_dtype_string_output() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["<U0", "<M8[s]", "|S0", [["a", "<f4"], ["a", "<i4"]], [["a", [["b", "<i4"]]]], "<f3", 7]
+    "bad", ["<U0", "<M8[xs]", "|S0", [["a", "<f4"], ["a", "<i4"]], [["a", [["b", "<i4"]]]], "<f3", 7]
 )
 def test_v2_unsupported_dtypes(bad: object) -> None:
     with pytest.raises(MetadataError) as ei:
