@@ -68,6 +68,10 @@ class DataType:
     @property
     def v3_json(self) -> Any:
         """The v3 ``data_type`` member for this type."""
+        if self.kind == "struct":
+            assert self.dtype.names is not None and self.dtype.fields is not None
+            fields = [[n, data_type_from_numpy(self.dtype.fields[n][0]).v3_json] for n in self.dtype.names]
+            return {"configuration": {"fields": fields}, "name": "structured"}
         if self.time_unit is not None:
             return {"configuration": {"scale_factor": self.time_scale, "unit": self.time_unit}, "name": self.name}
         if self.length_bytes is None:
@@ -201,6 +205,29 @@ def _time_v3(name: str, config: Any, field: str) -> DataType:
     return time_type("M" if name == "numpy.datetime64" else "m", unit, scale)
 
 
+def _struct_v3(config: Any, field: str) -> DataType:
+    """zarr-python 3's ``{"name": "structured", "configuration": {"fields": [[name, type], ...]}}``."""
+    fields = config.get("fields") if isinstance(config, Mapping) else None
+    if not isinstance(fields, list) or not 1 <= len(fields) <= MAX_STRUCT_FIELDS:
+        raise MetadataError(f"{field}.configuration.fields", fields, "expected a list of [name, data_type]")
+    out: list[tuple[str, np.dtype[Any]]] = []
+    for i, f in enumerate(fields):
+        where = f"{field}.configuration.fields[{i}]"
+        if not isinstance(f, list) or len(f) != 2 or not isinstance(f[0], str) or not f[0]:
+            raise MetadataError(where, f, "expected [name, data_type]")
+        sub = parse_data_type_v3(f[1], f"{where}[1]")
+        if sub.variable or sub.kind == "struct":
+            raise MetadataError(where, f, "fields must have fixed-size, non-structured types")
+        out.append((f[0], sub.dtype))
+    try:
+        dtype = np.dtype(out)
+    except (TypeError, ValueError) as e:
+        raise MetadataError(f"{field}.configuration.fields", fields, f"invalid structure: {e}") from e
+    if dtype.itemsize > MAX_FIXED_ITEMSIZE:
+        raise MetadataError(f"{field}.configuration.fields", fields, "structured element larger than 1 MiB")
+    return DataType("structured", dtype, "struct")
+
+
 def _configured_v3(name: str, config: Any, field: str, value: Any) -> DataType:
     """zarr-python's configured data types: ``{"name": ..., "configuration": {"length_bytes": n}}``."""
     if not isinstance(config, Mapping) or set(config) != {"length_bytes"}:
@@ -235,6 +262,8 @@ def parse_data_type_v3(value: Any, field: str = "data_type") -> DataType:
             return _configured_v3(name, config, field, value)
         if name in ("numpy.datetime64", "numpy.timedelta64"):
             return _time_v3(name, config, field)
+        if name == "structured":
+            return _struct_v3(config, field)
         if config not in (None, {}):
             raise MetadataError(field, value, "data type configuration is not supported")
     if not isinstance(name, str):

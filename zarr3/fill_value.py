@@ -139,6 +139,8 @@ def parse_fill_value_v3(value: Any, dt: DataType, field: str = "fill_value") -> 
         return _float_from_json(value, dt, field)
     if kind in _TEXT_KINDS or (kind == "raw" and isinstance(value, str)):
         return _parse_text_fill(value, dt, field)
+    if kind == "struct" and isinstance(value, str):  # zarr-python 3: base64 of the record
+        return np.frombuffer(_b64_padded(value, dt.itemsize, field), dtype=dt.dtype).reshape(())
     if kind == "datetime":
         return _parse_time_fill(value, dt, field)
     if kind == "complex":
@@ -257,6 +259,8 @@ def encode_fill_value_v3(value: np.ndarray, dt: DataType) -> Any:
         return _encode_text_fill(v, dt)
     if dt.kind == "datetime":
         return int(v.view(np.int64))
+    if dt.kind == "struct":
+        return base64.b64encode(v.tobytes()).decode("ascii")
     if dt.kind == "complex":
         comp = dt.component
         parts = v.reshape(1).view(comp.dtype)

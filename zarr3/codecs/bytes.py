@@ -23,7 +23,7 @@ _NATIVE = sys.byteorder
 
 def swap_bytes(arr: np.ndarray, dt: DataType) -> np.ndarray:
     """Return a byte-swapped copy of ``arr`` (each element, or each complex component)."""
-    if dt.kind in ("raw", "bytes") or dt.itemsize == 1:
+    if dt.kind in ("raw", "bytes", "struct") or dt.itemsize == 1:
         return np.array(arr, copy=True)
     unit = 4 if dt.kind == "unicode" else dt.component.itemsize
     flat = np.ascontiguousarray(arr).reshape(-1).view(f"u{unit}")
@@ -58,7 +58,7 @@ class BytesCodec(ArrayBytesCodec):
             raise MetadataError(
                 f"{field}.name", self.name, f"{spec.dtype.name} has no fixed size; use vlen-utf8 or vlen-bytes"
             )
-        if spec.dtype.itemsize == 1 or spec.dtype.kind in ("raw", "bytes"):
+        if spec.dtype.itemsize == 1 or spec.dtype.kind in ("raw", "bytes", "struct"):
             return BytesCodec(None)
         return BytesCodec(self.endian or "little")
 
