@@ -140,6 +140,22 @@ def _fetch_buffer_bytes(chain: CodecChain, max_bytes: int | None = None) -> int:
     return min(n, 1 << 22) if chain.spec.dtype.variable else n
 
 
+def _as_elements(value: Any, dt: DataType) -> np.ndarray:
+    """``value`` as an array; byte strings for object arrays keep their trailing NULs (a
+    NumPy ``S`` array, which ``np.asarray`` would make of them, drops them)."""
+    if dt.kind in ("vbytes", "object") and not isinstance(value, np.ndarray):
+        try:
+            out = np.empty((), dtype=object) if isinstance(value, bytes) else np.empty(np.shape(value), dtype=object)
+        except ValueError:  # ragged nested lists: let NumPy decide
+            return np.asarray(value)
+        if out.ndim:
+            out[...] = value
+        else:
+            out[()] = value
+        return out
+    return np.asarray(value)
+
+
 def _fill_region(region: np.ndarray, fill: np.ndarray | None) -> None:
     # "no fill value" means zero bits (not the number 0: float8_e8m0fnu has no zero)
     region[...] = np.zeros((), region.dtype) if fill is None else fill
@@ -305,6 +321,14 @@ class Array:
             return out
         return buf.reshape(sel.result_shape)
 
+    def _fill_for_missing(self) -> np.ndarray | None:
+        """The value missing chunks read as: the fill value; for a v2 ``fill_value: null``
+        zero bits, except variable-length types (``""``, ``b""``, ``None`` as zarr-python 3)."""
+        fill = self._meta.fill_value
+        if fill is None and self.data_type.variable:
+            return default_fill_value(self.data_type)
+        return fill
+
     def _missing(self, key: str) -> None:
         if not self.fill_missing:
             raise ChunkNotFoundError(
@@ -318,7 +342,7 @@ class Array:
             self._read_sharded(sel, dest, self._shard)
             return
         chain = self._chain
-        fill = meta.fill_value
+        fill = self._fill_for_missing()
         per_dim = [dim_chunks(d, c, n) for d, c, n in zip(sel.dims, meta.chunk_shape, meta.shape)]
         scratch = _Scratch(chain.spec.nbytes)
 
@@ -375,7 +399,7 @@ class Array:
 
     def _read_sharded(self, sel: Selection, dest: np.ndarray, shard: ShardingCodec) -> None:
         meta = self._meta
-        fill = meta.fill_value
+        fill = self._fill_for_missing()
         inner = shard.inner
         assert inner is not None
         cps = shard.chunks_per_shard
@@ -493,7 +517,7 @@ class Array:
         """Write ``value`` (broadcast to the selection's shape) into ``selection``."""
         self._check_writable()
         sel = normalize_selection(selection, self.shape)
-        val = np.asarray(value)
+        val = _as_elements(value, self.data_type)
         if val.dtype != self.dtype:
             if self.data_type.kind == "raw" or val.dtype.kind == "V" and val.dtype.itemsize != self.dtype.itemsize:
                 raise TypeError(f"cannot write {val.dtype} data into a {self.data_type.name} array")
@@ -529,7 +553,7 @@ class Array:
     def _write_chunks(self, sel: Selection, val: np.ndarray) -> None:
         meta = self._meta
         chain = self._chain
-        fill = meta.fill_value
+        fill = self._fill_for_missing()
         skip_fill = self._skip_fill()
         per_dim = [dim_chunks(d, c, n) for d, c, n in zip(sel.dims, meta.chunk_shape, meta.shape)]
         covered: list[tuple[str, tuple[ChunkDimSel, ...]]] = []
@@ -592,7 +616,7 @@ class Array:
         meta = self._meta
         inner = shard.inner
         assert inner is not None
-        fill = meta.fill_value
+        fill = self._fill_for_missing()
         skip_fill = self._skip_fill()
         cps = shard.chunks_per_shard
         inner_shape = shard.chunk_shape

@@ -187,3 +187,13 @@ def test_zarr_python_reads_our_datetimes(tmp_path: Path, fmt: int, dtype: str) -
     assert ours.dtype == got.dtype.newbyteorder("=") == vals.dtype
     assert ours.view("int64").tolist() == got.astype(ours.dtype).view("int64").tolist()
     assert ours[:5].tolist() == vals.tolist() and np.isnat(ours[5:]).all()
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_object_bytes_keep_trailing_nuls_and_missing_reads_empty(tmp_path: Path, fmt: int) -> None:
+    a = zarr3.create(tmp_path / "o", shape=(5,), chunks=(2,), dtype=object, zarr_format=fmt)
+    a[0:3] = [b"a\x00", b"\x00\x00", b"z"]
+    a[3] = b"q\x00"
+    got = _zp(tmp_path / "o")
+    ours = zarr3.open(tmp_path / "o")[...]
+    assert ours.tolist() == got.tolist() == [b"a\x00", b"\x00\x00", b"z", b"q\x00", b""]
