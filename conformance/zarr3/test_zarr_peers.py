@@ -109,6 +109,29 @@ def test_decode_numcodecs_buffers(key: str) -> None:
         assert out == want.tobytes()
 
 
+OBJECT_BUFFERS = json.loads((ROOT / "numcodecs" / "manifest.json").read_text())["object_buffers"]
+
+
+def _unjson(v: Any) -> Any:
+    return base64.b64decode(v["b64"]) if isinstance(v, dict) and set(v) == {"b64"} else v
+
+
+@pytest.mark.parametrize("key", sorted(OBJECT_BUFFERS))
+def test_decode_numcodecs_object_codecs(key: str) -> None:
+    info = OBJECT_BUFFERS[key]
+    enc = (ROOT / "numcodecs" / f"{key}.enc").read_bytes()
+    flt = FILTERS[info["config"]["id"]].from_config(info["config"], "filters[0]")
+    want = [_unjson(v) for v in info["values"]]
+    got = flt.decode(np.frombuffer(enc, np.uint8))
+    assert got.reshape(-1).tolist() == want
+    assert flt.decode(flt.encode(got)).reshape(-1).tolist() == want
+    numcodecs = pytest.importorskip("numcodecs")
+    src = np.empty(len(want), dtype=object)
+    src[:] = want
+    theirs = numcodecs.get_codec(dict(info["config"])).decode(bytes(np.asarray(flt.encode(src))))
+    assert np.asarray(theirs).reshape(-1).tolist() == want
+
+
 @pytest.mark.parametrize("key", sorted(NUMCODECS))
 def test_numcodecs_decodes_our_encoding(key: str) -> None:
     numcodecs = pytest.importorskip("numcodecs")
