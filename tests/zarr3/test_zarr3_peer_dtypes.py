@@ -4,7 +4,11 @@ peers produce (blosc trailing bytes, an unavailable blosc compressor)."""
 
 from __future__ import annotations
 
+import base64
+import json
+import os
 import struct
+import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
@@ -197,3 +201,41 @@ def test_object_bytes_keep_trailing_nuls_and_missing_reads_empty(tmp_path: Path,
     got = _zp(tmp_path / "o")
     ours = zarr3.open(tmp_path / "o")[...]
     assert ours.tolist() == got.tolist() == [b"a\x00", b"\x00\x00", b"z", b"q\x00", b""]
+
+
+ZARR2_PYTHON = os.environ.get("ZARR2_PYTHON", "/work/venvs/zarr2/bin/python")
+_ZARR2_READ = """
+import base64, json, sys, zarr
+out = {}
+for name in sys.argv[2:]:
+    v = zarr.open_array(sys.argv[1] + "/" + name, mode="r")[...]
+    vals = v.astype("int64").tolist() if v.dtype.kind in "mM" else v.tolist()
+    out[name] = [base64.b64encode(x).decode() if isinstance(x, bytes) else x for x in vals]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists(ZARR2_PYTHON), reason="zarr-python 2.18 venv (ZARR2_PYTHON) not present")
+def test_zarr_python_2_reads_our_v2_arrays(tmp_path: Path) -> None:
+    """zarr-python 2.18 (its own venv, as for the fixtures) reads what zarr3 writes as v2."""
+    specs: dict[str, tuple[Any, Any, Any, Any]] = {
+        "s": (str, ["a", "héllo", "", "x"], None, None),
+        "b": (object, [b"a\x00", b"", b"q", b"\x00"], None, None),
+        "S": ("S3", [b"ab", b"", b"zz", b"q"], b"zz", None),
+        "U": ("U3", ["ab", "日本", "q", ""], "q", None),
+        "M": ("M8[ns]", np.arange(4).astype("M8[ns]"), None, None),
+        "d": ("<i4", np.arange(4) * 5, 0, [{"id": "delta", "dtype": "<i4", "astype": "<i2"}, {"id": "shuffle", "elementsize": 2}]),
+        "q": ("<f8", np.arange(4) * 0.37, 0.0, [{"id": "quantize", "digits": 2, "dtype": "<f8", "astype": "<f4"}]),
+        "p": ("|b1", np.arange(4) % 3 == 0, False, [{"id": "packbits"}]),
+    }
+    ours = {}
+    for name, (dtype, values, fill, filters) in specs.items():
+        a = zarr3.create(tmp_path / name, shape=(4,), chunks=(3,), dtype=dtype, zarr_format=2,
+                         fill_value=fill, filters=filters, compressor={"id": "lzma"})  # fmt: skip
+        a[...] = np.asarray(values, dtype=a.dtype) if dtype not in (str, object) else values
+        v = zarr3.open(tmp_path / name)[...]
+        vals = v.astype("int64").tolist() if v.dtype.kind in "mM" else v.tolist()
+        ours[name] = [base64.b64encode(x).decode() if isinstance(x, bytes) else x for x in vals]
+    res = subprocess.run([ZARR2_PYTHON, "-c", _ZARR2_READ, str(tmp_path), *specs], capture_output=True, text=True,
+                         timeout=120, check=True)  # fmt: skip
+    assert json.loads(res.stdout) == ours
