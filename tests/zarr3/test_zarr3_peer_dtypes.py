@@ -224,7 +224,9 @@ def test_zarr_python_2_reads_our_v2_arrays(tmp_path: Path) -> None:
         "S": ("S3", [b"ab", b"", b"zz", b"q"], b"zz", None),
         "U": ("U3", ["ab", "日本", "q", ""], "q", None),
         "M": ("M8[ns]", np.arange(4).astype("M8[ns]"), None, None),
-        "d": ("<i4", np.arange(4) * 5, 0, [{"id": "delta", "dtype": "<i4", "astype": "<i2"}, {"id": "shuffle", "elementsize": 2}]),
+        "d": ("<i4", np.arange(4) * 5, 0, [
+            {"id": "delta", "dtype": "<i4", "astype": "<i2"}, {"id": "shuffle", "elementsize": 2},
+        ]),
         "q": ("<f8", np.arange(4) * 0.37, 0.0, [{"id": "quantize", "digits": 2, "dtype": "<f8", "astype": "<f4"}]),
         "p": ("|b1", np.arange(4) % 3 == 0, False, [{"id": "packbits"}]),
     }
