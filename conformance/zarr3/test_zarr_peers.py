@@ -75,7 +75,7 @@ def test_matrix_is_complete() -> None:
     for w in WRITERS:
         m = json.loads((ROOT / w / "manifest.json").read_text())
         skipped = {k for k, v in m["cases"].items() if "skipped" in v}
-        assert skipped <= {"obj_json2"}, (w, skipped)
+        assert skipped <= {"obj_json2", "obj_categorize"}, (w, skipped)
         assert len(m["cases"]) >= 37
 
 
