@@ -874,7 +874,6 @@ def create(
             codec_list = [_serializer_v3(dt), *_compressor_v3(compressor)]
             codec_list[:0] = _filters_v3(filters)
             if order == "F" and len(shape_t) > 1:
-
                 codec_list.insert(0, TransposeCodec("F"))
         grid = chunk_t
         if shards is not None:

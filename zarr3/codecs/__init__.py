@@ -41,7 +41,7 @@ from zarr3.codecs.gzip import GzipCodec
 from zarr3.codecs.lz4 import Lz4Codec
 from zarr3.codecs.lzma import LzmaCodec
 from zarr3.codecs.numcodecs_v3 import PREFIX, numcodecs_codec
-from zarr3.codecs.sharding import ShardingCodec
+from zarr3.codecs.sharding import ShardingCodec, use_codec_parser
 from zarr3.codecs.shuffle import ShuffleCodec, ShuffleFilter
 from zarr3.codecs.transpose import TransposeCodec
 from zarr3.codecs.vlen_bytes import VlenBytesCodec, VlenBytesFilter
@@ -219,3 +219,6 @@ def compressor_to_v2(codec: BytesBytesCodec | None) -> dict[str, Any] | None:
         raise MetadataError("compressor", codec.name, "has no zarr v2 form")
     result: dict[str, Any] = to_v2()
     return result
+
+
+use_codec_parser(parse_codecs)
