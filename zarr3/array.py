@@ -156,6 +156,11 @@ def _as_elements(value: Any, dt: DataType) -> np.ndarray:
     return np.asarray(value)
 
 
+def _shard_fetch_bytes(chain: CodecChain, shard: ShardingCodec) -> int:
+    """:func:`_fetch_buffer_bytes` for whole shards."""
+    return _fetch_buffer_bytes(chain, shard.max_encoded_size(chain.ab_spec))
+
+
 def _fill_region(region: np.ndarray, fill: np.ndarray | None) -> None:
     # "no fill value" means zero bits (not the number 0: float8_e8m0fnu has no zero)
     region[...] = np.zeros((), region.dtype) if fill is None else fill
@@ -457,9 +462,7 @@ class Array:
             return jobs
 
         if whole_units:
-            fetch = LocalFetcher.for_store(
-                self._store, _fetch_buffer_bytes(meta.chain, shard.max_encoded_size(meta.chain.ab_spec))
-            )
+            fetch = LocalFetcher.for_store(self._store, _shard_fetch_bytes(meta.chain, shard))
             run_pipeline(self._store, whole_units, lambda u: (u[0], None), handle_whole, fetch_one=fetch)
         if not partial_units:
             return
@@ -787,6 +790,107 @@ def _filters_v3(filters: Sequence[Any] | None) -> list[Codec]:
     return out
 
 
+def _requested_numpy_dtype(dtype: Any, dt: DataType) -> np.dtype[Any] | None:
+    """The NumPy dtype the caller named (its byte order / fields matter for v2), if any."""
+    if isinstance(dtype, DataType) or (isinstance(dtype, str) and dtype == dt.name):
+        return None
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return None
+
+
+def _clear_for_create(kv: KvStore, overwrite: bool) -> None:
+    """Refuse an existing node, or delete everything below it with ``overwrite``."""
+    if any(k is not None for k in kv.get_many(["zarr.json", ".zarray", ".zgroup"])):
+        if not overwrite:
+            raise NodeExistsError(f"an array or group already exists at {kv.url}")
+        kv.delete_prefix("")
+
+
+def _v3_codecs(
+    dt: DataType,
+    shape_t: tuple[int, ...],
+    chunk_t: tuple[int, ...],
+    *,
+    codecs: Sequence[Any] | None,
+    compressor: Any,
+    filters: Sequence[Any] | None,
+    order: str,
+    shards: Sequence[int] | None,
+    index_location: str,
+) -> tuple[list[Codec], tuple[int, ...]]:
+    """The codec list and chunk grid :func:`create` writes for ``zarr_format=3``."""
+    if codecs is not None:
+        codec_list = [_as_codec(c, f"codecs[{i}]") for i, c in enumerate(codecs)]
+        if compressor is not _UNSET:
+            raise ValueError("pass either codecs or compressor, not both")
+    else:
+        codec_list = [_serializer_v3(dt), *_compressor_v3(compressor)]
+        codec_list[:0] = _filters_v3(filters)
+        if order == "F" and len(shape_t) > 1:
+            codec_list.insert(0, TransposeCodec("F"))
+    if shards is None:
+        return codec_list, chunk_t
+    shard_t = parse_shape(list(shards), "shards", minimum=1)
+    if len(shard_t) != len(shape_t):
+        raise MetadataError("shards", list(shard_t), f"expected {len(shape_t)} dimensions")
+    return [ShardingCodec(chunk_t, codec_list, None, index_location)], shard_t
+
+
+def _v2_metadata(
+    shape_t: tuple[int, ...],
+    chunk_t: tuple[int, ...],
+    dt: DataType,
+    nd: np.dtype[Any] | None,
+    *,
+    compressor: Any,
+    fill_value: Any,
+    order: str,
+    dimension_separator: str | None,
+    attributes: Mapping[str, Any] | None,
+    filters: Sequence[Any] | None,
+) -> ArrayMetadataV2:
+    """The ``.zarray`` :func:`create` writes for ``zarr_format=2``."""
+    filter_list = filters_from_v2([_filter_json(f) for f in filters]) if filters else None
+    comp: BytesBytesCodec | None
+    if compressor is _UNSET or compressor is None:
+        comp = None
+    elif isinstance(compressor, BytesBytesCodec):
+        comp = compressor
+    elif isinstance(compressor, str):
+        comp = compressor_from_v2({"id": compressor}, dt.itemsize)
+    else:
+        comp = compressor_from_v2(compressor, dt.itemsize)
+    stored = dt.dtype
+    byteorder = "<"
+    dtype_string: Any
+    if dt.kind == "struct":
+        assert nd is not None
+        stored = nd
+        dtype_string = struct_v2_json(nd)
+    elif nd is not None and nd.byteorder == ">" and nd.itemsize > 1:
+        stored = nd
+        byteorder = ">"
+        dtype_string = v2_dtype_string(dt, byteorder)
+    else:
+        dtype_string = v2_dtype_string(dt, byteorder)
+    fill2 = None if fill_value is None else normalize_fill_value(fill_value, dt)
+    return ArrayMetadataV2(
+        shape=shape_t,
+        data_type=dt,
+        chunk_shape=chunk_t,
+        fill_value=fill2,
+        compressor=comp,
+        order=order,
+        dimension_separator=dimension_separator or ".",
+        stored_dtype=stored,
+        attributes=dict(attributes) if attributes else None,
+        dtype_string=dtype_string,
+        filters=filter_list,
+    )
+
+
 def create(
     store: Any,
     path: str = "",
@@ -839,18 +943,8 @@ def create(
     if len(chunk_t) != len(shape_t):
         raise MetadataError("chunks", list(chunk_t), f"expected {len(shape_t)} dimensions like shape")
     dt = data_type_from_numpy(dtype)
-    nd: np.dtype[Any] | None = None
-    if not isinstance(dtype, DataType) and not (isinstance(dtype, str) and dtype == dt.name):
-        try:
-            nd = np.dtype(dtype)
-        except TypeError:
-            nd = None
-
-    existing = [k for k in kv.get_many(["zarr.json", ".zarray", ".zgroup"]) if k is not None]
-    if existing:
-        if not overwrite:
-            raise NodeExistsError(f"an array or group already exists at {kv.url}")
-        kv.delete_prefix("")
+    nd = _requested_numpy_dtype(dtype, dt)
+    _clear_for_create(kv, overwrite)
 
     meta: ArrayMetadata
     if zarr_format == 3 and dt.kind == "struct":
@@ -866,22 +960,10 @@ def create(
             else ChunkKeyEncoding.from_json(chunk_key_encoding)
         )
         fill = default_fill_value(dt) if fill_value is None else normalize_fill_value(fill_value, dt)
-        if codecs is not None:
-            codec_list = [_as_codec(c, f"codecs[{i}]") for i, c in enumerate(codecs)]
-            if compressor is not _UNSET:
-                raise ValueError("pass either codecs or compressor, not both")
-        else:
-            codec_list = [_serializer_v3(dt), *_compressor_v3(compressor)]
-            codec_list[:0] = _filters_v3(filters)
-            if order == "F" and len(shape_t) > 1:
-                codec_list.insert(0, TransposeCodec("F"))
-        grid = chunk_t
-        if shards is not None:
-            shard_t = parse_shape(list(shards), "shards", minimum=1)
-            if len(shard_t) != len(shape_t):
-                raise MetadataError("shards", list(shard_t), f"expected {len(shape_t)} dimensions")
-            codec_list = [ShardingCodec(chunk_t, codec_list, None, index_location)]
-            grid = shard_t
+        codec_list, grid = _v3_codecs(
+            dt, shape_t, chunk_t, codecs=codecs, compressor=compressor, filters=filters, order=order,
+            shards=shards, index_location=index_location,
+        )
         meta = ArrayMetadataV3(
             shape=shape_t,
             data_type=dt,
@@ -896,44 +978,11 @@ def create(
     else:
         if shards is not None or codecs is not None:
             raise ValueError("shards and codecs are zarr v3 features; use compressor for v2")
-        filter_list = filters_from_v2([_filter_json(f) for f in filters]) if filters else None
         if dimension_names is not None:
             raise ValueError("dimension_names is a zarr v3 feature")
-        comp: BytesBytesCodec | None
-        if compressor is _UNSET or compressor is None:
-            comp = None
-        elif isinstance(compressor, BytesBytesCodec):
-            comp = compressor
-        elif isinstance(compressor, str):
-            comp = compressor_from_v2({"id": compressor}, dt.itemsize)
-        else:
-            comp = compressor_from_v2(compressor, dt.itemsize)
-        stored = dt.dtype
-        byteorder = "<"
-        dtype_string: Any
-        if dt.kind == "struct":
-            assert nd is not None
-            stored = nd
-            dtype_string = struct_v2_json(nd)
-        elif nd is not None and nd.byteorder == ">" and nd.itemsize > 1:
-            stored = nd
-            byteorder = ">"
-            dtype_string = v2_dtype_string(dt, byteorder)
-        else:
-            dtype_string = v2_dtype_string(dt, byteorder)
-        fill2 = None if fill_value is None else normalize_fill_value(fill_value, dt)
-        meta = ArrayMetadataV2(
-            shape=shape_t,
-            data_type=dt,
-            chunk_shape=chunk_t,
-            fill_value=fill2,
-            compressor=comp,
-            order=order,
-            dimension_separator=dimension_separator or ".",
-            stored_dtype=stored,
-            attributes=dict(attributes) if attributes else None,
-            dtype_string=dtype_string,
-            filters=filter_list,
+        meta = _v2_metadata(
+            shape_t, chunk_t, dt, nd, compressor=compressor, fill_value=fill_value, order=order,
+            dimension_separator=dimension_separator, attributes=attributes, filters=filters,
         )
         kv.set(".zarray", meta.to_bytes())
         attrs = meta.attrs_bytes()

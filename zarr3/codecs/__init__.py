@@ -40,7 +40,7 @@ from zarr3.codecs.crc32c import Crc32cCodec
 from zarr3.codecs.gzip import GzipCodec
 from zarr3.codecs.lz4 import Lz4Codec
 from zarr3.codecs.lzma import LzmaCodec
-from zarr3.codecs.numcodecs_v3 import PREFIX, numcodecs_codec
+from zarr3.codecs.numcodecs_v3 import PREFIX, numcodecs_codec, use_compressor_parser
 from zarr3.codecs.sharding import ShardingCodec, use_codec_parser
 from zarr3.codecs.shuffle import ShuffleCodec, ShuffleFilter
 from zarr3.codecs.transpose import TransposeCodec
@@ -222,3 +222,4 @@ def compressor_to_v2(codec: BytesBytesCodec | None) -> dict[str, Any] | None:
 
 
 use_codec_parser(parse_codecs)
+use_compressor_parser(compressor_from_v2)

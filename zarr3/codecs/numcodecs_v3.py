@@ -9,6 +9,7 @@ codecs backed by the same implementations as the v2 compressors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from zarr3.codecs.base import ArrayArrayCodec, Buffer, BytesBytesCodec, ChunkSpe
 from zarr3.dtypes import data_type_from_numpy
 from zarr3.errors import MetadataError, UnsupportedError
 
-__all__ = ["NumcodecsArrayCodec", "NumcodecsBytesCodec", "PREFIX", "numcodecs_codec"]
+__all__ = ["NumcodecsArrayCodec", "NumcodecsBytesCodec", "PREFIX", "numcodecs_codec", "use_compressor_parser"]
 
 PREFIX = "numcodecs."
 #: numcodecs filters usable as v3 array -> array codecs
@@ -107,10 +108,20 @@ class NumcodecsBytesCodec(BytesBytesCodec):
         return self.inner.max_encoded_size(decoded_size)
 
 
+_compressor_from_v2: Callable[[Any, int, str], BytesBytesCodec | None] | None = None
+
+
+def use_compressor_parser(parse: Callable[[Any, int, str], BytesBytesCodec | None]) -> None:
+    """Install the v2 compressor parser (the codec registry does, at import; it imports this
+    module, so this module cannot import it)."""
+    global _compressor_from_v2
+    _compressor_from_v2 = parse
+
+
 def numcodecs_codec(name: str, config: Any, field: str, itemsize: int) -> ArrayArrayCodec | BytesBytesCodec:
     """Build the codec for a v3 ``numcodecs.<id>`` entry."""
-    from zarr3.codecs import compressor_from_v2  # the registry imports this module
-
+    assert _compressor_from_v2 is not None, "zarr3.codecs installs the compressor parser"
+    compressor_from_v2 = _compressor_from_v2
     cid = name[len(PREFIX) :]
     cfg = {} if config is None else config
     if not isinstance(cfg, dict):
