@@ -232,7 +232,7 @@ class GroupMetadataV2:
 def parse_json_doc(data: bytes, name: str) -> Any:
     """Parse a JSON metadata document, reporting errors as :class:`MetadataError`."""
     try:
-        return _json.loads(data)
+        return _json.loads(data, allow_constants=True)  # zarr-python writes NaN attributes
     except (ValueError, UnicodeDecodeError) as e:
         raise MetadataError(name, bytes(data[:80]), f"not valid JSON: {e}") from e
 

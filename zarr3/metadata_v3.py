@@ -233,7 +233,7 @@ class GroupMetadataV3:
 def parse_zarr_json(data: bytes) -> ArrayMetadataV3 | GroupMetadataV3:
     """Parse ``zarr.json`` bytes into array or group metadata."""
     try:
-        obj = _json.loads(data)
+        obj = _json.loads(data, allow_constants=True)  # zarr-python writes NaN attributes
     except (ValueError, UnicodeDecodeError) as e:
         raise MetadataError("zarr.json", data[:80], f"not valid JSON: {e}") from e
     if isinstance(obj, Mapping) and obj.get("node_type") == "group":

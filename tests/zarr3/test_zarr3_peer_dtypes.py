@@ -241,3 +241,17 @@ def test_zarr_python_2_reads_our_v2_arrays(tmp_path: Path) -> None:
     res = subprocess.run([ZARR2_PYTHON, "-c", _ZARR2_READ, str(tmp_path), *specs], capture_output=True, text=True,
                          timeout=120, check=True)  # fmt: skip
     assert json.loads(res.stdout) == ours
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_nan_attributes_as_zarr_python_writes_them(tmp_path: Path, fmt: int) -> None:
+    """Python's json writes bare NaN/Infinity literals in attributes; zarr-python reads them."""
+    z = zarr.create_array(str(tmp_path / "a"), shape=(2,), dtype="f4", zarr_format=fmt,
+                          attributes={"x": float("nan"), "y": [float("-inf"), 1]})  # fmt: skip
+    z[...] = [1, 2]
+    a = zarr3.open(tmp_path / "a")
+    assert np.isnan(a.attrs["x"]) and a.attrs["y"] == [float("-inf"), 1]
+    assert a[...].tolist() == [1.0, 2.0]
+    g = zarr.open_group(str(tmp_path / "g"), mode="w", zarr_format=fmt)
+    g.attrs["v"] = float("inf")
+    assert zarr3.open_group(tmp_path / "g").attrs == {"v": float("inf")}
