@@ -328,9 +328,10 @@ class Array:
 
     def _fill_for_missing(self) -> np.ndarray | None:
         """The value missing chunks read as: the fill value; for a v2 ``fill_value: null``
-        zero bits, except variable-length types (``""``, ``b""``, ``None`` as zarr-python 3)."""
+        zero bits, except variable-length types (``""``, ``b""``, ``None``) and datetimes (NaT),
+        as zarr-python 3 reads them."""
         fill = self._meta.fill_value
-        if fill is None and self.data_type.variable:
+        if fill is None and (self.data_type.variable or self.data_type.kind == "datetime"):
             return default_fill_value(self.data_type)
         return fill
 

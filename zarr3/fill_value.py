@@ -35,11 +35,14 @@ _SPECIAL = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def default_fill_value(dt: DataType) -> np.ndarray:
-    """The zero value of ``dt`` (TensorStore's default fill value; ``""`` / ``b""`` for strings)."""
+    """The zero value of ``dt`` (TensorStore's default fill value); zarr-python's defaults for the
+    types TensorStore lacks: ``""`` / ``b""`` / ``None`` for strings and objects, NaT for times."""
     if dt.kind in ("vbytes", "object"):
         out = np.empty((), dtype=object)
         out[()] = b"" if dt.kind == "vbytes" else None
         return out
+    if dt.kind == "datetime":  # zarr-python's default: NaT
+        return np.array("NaT", dtype=dt.dtype)
     return np.zeros((), dtype=dt.dtype)
 
 

@@ -255,3 +255,13 @@ def test_nan_attributes_as_zarr_python_writes_them(tmp_path: Path, fmt: int) -> 
     g = zarr.open_group(str(tmp_path / "g"), mode="w", zarr_format=fmt)
     g.attrs["v"] = float("inf")
     assert zarr3.open_group(tmp_path / "g").attrs == {"v": float("inf")}
+
+
+def test_v2_null_fill_datetimes_read_as_nat_like_zarr_python(tmp_path: Path) -> None:
+    z = zarr.create_array(str(tmp_path / "t"), shape=(5,), chunks=(2,), dtype="m8[ms]", zarr_format=2,
+                          fill_value=None)  # fmt: skip
+    z[0:2] = np.array([1, 2], "m8[ms]")
+    want = _zp(tmp_path / "t")
+    got = zarr3.open(tmp_path / "t")[...]
+    assert got.view("int64").tolist() == want.view("int64").tolist()
+    assert np.isnat(got[2:]).all()
