@@ -140,3 +140,12 @@ def test_training_checkpointer_root(tmp_path: Path) -> None:
     assert step1["metrics"] == {"loss": 0.5}  # v1 loads metrics separately; we return the item
     _same(checkpoint.restore(root), both2)
     assert checkpoint.metadata(root, step=1)["metrics"] == {"loss": 0.5}
+
+
+def test_cli_export_v1_step(v1_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "x.npz"
+    status, _ = _run(capsys, "export", v1_root / "ckpts" / "7", out)
+    assert status == 0
+    with np.load(out, allow_pickle=False) as z:
+        np.testing.assert_array_equal(z["params.a"], TREE["a"])
+        np.testing.assert_array_equal(z["params.b.c"], TREE["b"]["c"])
