@@ -161,6 +161,14 @@ def _shard_fetch_bytes(chain: CodecChain, shard: ShardingCodec) -> int:
     return _fetch_buffer_bytes(chain, shard.max_encoded_size(chain.ab_spec))
 
 
+def _inner_index(cps: Sequence[int], coords: Sequence[int], combo: Sequence[ChunkDimSel]) -> int:
+    """C-order index, within shard ``coords``, of the inner chunk that ``combo`` selects."""
+    idx = 0
+    for d, p in enumerate(combo):
+        idx = idx * cps[d] + (p.chunk - coords[d] * cps[d])
+    return idx
+
+
 def _fill_region(region: np.ndarray, fill: np.ndarray | None) -> None:
     # "no fill value" means zero bits (not the number 0: float8_e8m0fnu has no zero)
     region[...] = np.zeros((), region.dtype) if fill is None else fill
@@ -416,12 +424,6 @@ class Array:
             unit = (meta.chunk_key(coords), coords, pieces)
             (whole_units if whole else partial_units).append(unit)
 
-        def flat_index(coords: tuple[int, ...], combo: tuple[ChunkDimSel, ...]) -> int:
-            idx = 0
-            for d, p in enumerate(combo):
-                idx = idx * cps[d] + (p.chunk - coords[d] * cps[d])
-            return idx
-
         def inner_job(data: Buffer, combo: tuple[ChunkDimSel, ...]) -> Job:
             region = dest[tuple(p.out for p in combo) + (Ellipsis,)]
             if all(p.full for p in combo):
@@ -452,7 +454,7 @@ class Array:
                 raise CorruptionError(e.reason, path=f"{self._store.url.rstrip('/')}/{key}") from e
             jobs: list[Job] = []
             for combo in itertools.product(*pieces):
-                i = flat_index(coords, combo)
+                i = _inner_index(cps, coords, combo)
                 off, n = int(entries[i, 0]), int(entries[i, 1])
                 if off == MISSING and n == MISSING:
                     self._missing(f"{key}[{i}]")
@@ -483,7 +485,7 @@ class Array:
             except CorruptionError as e:
                 raise CorruptionError(e.reason, path=f"{self._store.url.rstrip('/')}/{key}") from e
             for combo in itertools.product(*pieces):
-                i = flat_index(coords, combo)
+                i = _inner_index(cps, coords, combo)
                 off, n = int(entries[i, 0]), int(entries[i, 1])
                 if off == MISSING and n == MISSING:
                     self._missing(f"{key}[{i}]")
