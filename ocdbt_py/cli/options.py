@@ -28,6 +28,9 @@ import math
 import re
 from typing import Any
 
+from ocdbt_py.bridges.namemap import load_name_map
+from ocdbt_py.cli.errors import UsageError
+
 __all__ = [
     "DEFAULT_TIMEOUT",
     "LOCATIONS",
@@ -42,6 +45,7 @@ __all__ = [
     "parse_storage_option",
     "parse_timeout",
     "is_remote",
+    "name_map_arg",
 ]
 
 #: Seconds an object store may take to answer an interactive command (``--timeout``).
@@ -216,3 +220,14 @@ def parse_version(text: str) -> int | str:
             "(like 2024-05-01T12:00:00Z)"
         ) from None
     return t
+
+
+def name_map_arg(path: str | None) -> Any:
+    """The :class:`~ocdbt_py.bridges.namemap.NameMap` of a ``--map FILE`` (``None`` without one);
+    an unreadable or malformed file is a usage error."""
+    if path is None:
+        return None
+    try:
+        return load_name_map(path)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--map {path}: {e}") from e
