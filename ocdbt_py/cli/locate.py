@@ -174,10 +174,14 @@ def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
 def _remote_exists(url: str, args: argparse.Namespace) -> bool:
     from ocdbt_py.kvstore import open_kvstore
 
-    kv = open_kvstore(url, storage_options(args, url), read_only=True)
-    if kv.exists(_MANIFEST):
-        return True
-    return next(iter(kv.list("")), None) is not None
+    opts = storage_options(args, url)
+    kv = open_kvstore(url, opts, read_only=True)
+    if kv.exists(_MANIFEST) or next(iter(kv.list("")), None) is not None:
+        return True  # a database, or a directory with something in it
+    parent, _, name = url.rstrip("/").rpartition("/")
+    if not name or parent.endswith(":/") or parent.endswith(":"):
+        return False  # a bucket's root
+    return open_kvstore(parent, opts, read_only=True).exists(name)  # a single file (import's SRC)
 
 
 def _local_path(url: str) -> str:

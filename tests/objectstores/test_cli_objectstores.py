@@ -13,6 +13,7 @@ import pytest
 
 import ocdbt_py
 from ocdbt_py.cli import main
+from ocdbt_py.kvstore import open_kvstore
 
 BUCKET = "ocdbt-cli"
 _n = itertools.count()
@@ -60,6 +61,10 @@ def test_cli_reads_an_object_store(kind: str, request: pytest.FixtureRequest,
     assert json.loads(out)["length"] == len(b"hello from " + kind.encode())
     status, out, err = _run(capsys, "ls", url + "-missing", *flags)
     assert (status, out, err) == (1, "", f"ocdbt: error: {url}-missing does not exist\n")
+    # a single object exists too (import's SRC can be a file): here it is just not a database
+    open_kvstore(url, opts).set("note.txt", b"not a database")
+    status, out, err = _run(capsys, "ls", url + "/note.txt", *flags)
+    assert status == 1 and "does not exist" not in err and "no OCDBT database" in err, err
 
 
 def test_timeout_options_go_under_the_users_s3_options() -> None:
