@@ -156,6 +156,8 @@ def test_lost_local_tier_restored_from_peer(history: dict[str, Any]) -> None:
     for r in _restores(res, 2):  # both hold step 7 now
         assert (r["step"], r["source"], r["errors"]) == (7, "local", []), r
     assert [r["local_steps"] for r in res] == [[4, 5, 7], [7]]
+    # both list the same steps: step 3, pruned from process 0's tier, is gone everywhere
+    assert [r["all_steps"] for r in res] == [[0, 2, 4, 5, 7]] * 2
     # process 0 lost its tier too: replica 1 (process 1) serves step 7; step 5 only existed
     # in process 0's deleted tier, so asking for it fails everywhere with the same error
     res = history["peer_from_1"]

@@ -36,6 +36,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -51,8 +52,8 @@ from ocdbt_py.checkpoint.manager.mesh_metadata import (
 )
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.preemption import PreemptionWatcher
-from ocdbt_py.checkpoint.manager.preservation import LatestN, PreservationPolicy
-from ocdbt_py.checkpoint.manager.steps import METRICS_FILE, METRICS_ITEM, metrics_json
+from ocdbt_py.checkpoint.manager.preservation import LatestN, PreservationPolicy, StepInfo
+from ocdbt_py.checkpoint.manager.steps import METRICS_FILE, METRICS_ITEM, metrics_json, read_step_info
 from ocdbt_py.checkpoint.manager.steps import cleanup as cleanup_root
 from ocdbt_py.checkpoint.manager.tier import Tier
 from ocdbt_py.checkpoint.manager.tier_plan import LOCAL, PEER, PERSISTENT, RestorePlan, plan_restore
@@ -101,6 +102,17 @@ class RestoreInfo:
     replica: int | None
     notes: tuple[str, ...] = ()
 
+
+
+def _info_doc(info: StepInfo | None) -> list[Any]:
+    """A step's retention facts as JSON (for the exchange)."""
+    return [info.time, dict(info.metrics) if info.metrics is not None else None] if info else [0.0, None]
+
+
+def _info_from_doc(step: int, doc: Any) -> StepInfo:
+    if not isinstance(doc, list) or len(doc) != 2 or not isinstance(doc[0], (int, float)):
+        return StepInfo(step, 0.0)
+    return StepInfo(step, float(doc[0]), doc[1] if isinstance(doc[1], dict) else None)
 
 
 class MultiTierCheckpointManager(Lifecycle):
@@ -227,17 +239,21 @@ class MultiTierCheckpointManager(Lifecycle):
                                                    read_only=not self.in_persistent_group)
         self.persistent_directory = self.persistent_kv.url
 
+        # Steps complete in some replica's local tiers, as every process knows them: from the
+        # last exchange, plus this manager's committed local saves, minus what retention
+        # dropped (the same in every process: retention sees this shared view).
+        self._shared_local: dict[int, StepInfo] = {}
+        self._shared_lock = threading.Lock()
         self._local = Tier("local", self.local_kv, self.step_name_format, local_preservation, deletes=True,
-                           on_forget=self._forget_local)
+                           on_forget=self._forget_local, shared_infos=self._shared_infos)
         persistent_primary = self.in_persistent_group and self.process_index == self._persistent_group[0]
         self._persistent = Tier("persistent", self.persistent_kv if self.in_persistent_group else None,
                                 self.step_name_format, persistent_preservation, deletes=persistent_primary)
-        # Steps complete in some other replica's local tiers (known from the last exchange).
-        self._remote_local: set[int] = set()
         self._closed = False
         self._preemption = (PreemptionWatcher() if sp.uses(local_policy, sp.Preemption)
                             or sp.uses(persistent_policy, sp.Preemption) else None)
         self.last_restore: RestoreInfo | None = None
+        self._gathered_infos: dict[int, StepInfo] = {}
 
         if cleanup:
             cleanup_root(self.local_kv, self.step_name_format)
@@ -294,14 +310,19 @@ class MultiTierCheckpointManager(Lifecycle):
                 ) -> tuple[dict[int, set[int]], list[int], dict[int, dict[str, str]]]:
         """Exchange every process's usable local steps (and process 0's persistent listing)."""
         usable, reasons = self._local_report(fingerprint)
-        doc: dict[str, Any] = {"local": [s for s in usable if s not in (exclude or set())],
-                               "reasons": {str(k): v for k, v in list(reasons.items())[-8:]}}
+        usable = [s for s in usable if s not in (exclude or set())]
+        doc: dict[str, Any] = {"local": usable, "reasons": {str(k): v for k, v in list(reasons.items())[-8:]},
+                               "infos": {str(s): _info_doc(self._local.info(s)) for s in usable}}
         if self.process_index == 0:
             doc["persistent"] = self._persistent_listing()
         docs = self._exchange.allgather(self._next_round(what), doc)
         local = {p: {int(s) for s in d.get("local", [])} for p, d in enumerate(docs)}
         persistent = [int(s) for s in docs[0].get("persistent", [])]
         why = {p: {str(k): str(v) for k, v in d.get("reasons", {}).items()} for p, d in enumerate(docs)}
+        self._gathered_infos = {}
+        for d in reversed(docs):  # the lowest process reporting a step gives its info
+            for k, v in (d.get("infos") or {}).items():
+                self._gathered_infos[int(k)] = _info_from_doc(int(k), v)
         return local, persistent, why
 
     def reload(self) -> None:
@@ -315,15 +336,31 @@ class MultiTierCheckpointManager(Lifecycle):
         from ocdbt_py.checkpoint.manager.tier_plan import complete_per_replica
 
         complete = complete_per_replica(local, self.layout.replicas)
-        self._remote_local = set().union(*complete) if complete else set()
+        steps = set().union(*complete) if complete else set()
+        with self._shared_lock:
+            self._shared_local = {s: self._gathered_infos.get(s) or StepInfo(s, 0.0) for s in steps}
 
     def _forget_local(self, step: int) -> None:
-        self._remote_local.discard(step)  # every process's retention drops the same steps
+        with self._shared_lock:  # every process's retention drops the same steps
+            self._shared_local.pop(step, None)
+
+    def _shared_infos(self) -> dict[int, StepInfo]:
+        with self._shared_lock:
+            return dict(self._shared_local)
+
+    def _add_shared(self, step: int, info: StepInfo) -> None:
+        with self._shared_lock:
+            self._shared_local[step] = info
 
     def all_steps(self) -> list[int]:
-        """Steps restorable from some tier: complete in some replica's local tiers (as of the
-        last :meth:`reload`/:meth:`restore`, plus this manager's saves) or persistent."""
-        return sorted(set(self._local.steps()) | self._remote_local | set(self._persistent.steps()))
+        """Steps restorable from some tier: complete in some replica's local tiers or
+        persistent.  Not a collective: each process answers from what every process knows
+        (the last :meth:`reload`/:meth:`restore`, the local saves since and the retention
+        applied to them), so every process lists the same steps once their saves finished
+        (:meth:`wait_until_finished`), even after a process lost its local tier."""
+        with self._shared_lock:
+            shared = set(self._shared_local)
+        return sorted(shared | set(self._persistent.steps()))
 
     def latest_step(self) -> int | None:
         """The newest of :meth:`all_steps` (``None`` when there is none)."""
@@ -352,7 +389,7 @@ class MultiTierCheckpointManager(Lifecycle):
         reached = False
         if self._preemption is not None:
             reached = self._preemption.reached(step) and self._preemption.step == step
-        local_new = step > max(self._local.newest(), max(self._remote_local, default=-1))
+        local_new = step > max(self._local.newest(), max(self._shared_infos(), default=-1))
         persistent_new = step > self._persistent.newest()
         deterministic = sp.is_deterministic(self.local_policy) and sp.is_deterministic(self.persistent_policy)
         if self.process_count > 1 and not deterministic and not force:
@@ -425,7 +462,15 @@ class MultiTierCheckpointManager(Lifecycle):
                       force=True, use_zarr3=True, handler="pytree", blocking=not self.async_save,
                       custom_metadata=self._custom_metadata("local", fingerprint), _coordinator=coord, **opts)
         sync = bool(opts.get("sync", False))
-        self._local.start(step, handle, lambda: self._publish_local(staging, name, sync))
+        self._local.start(step, handle, lambda: self._commit_local(step, staging, name, sync))
+
+    def _commit_local(self, step: int, staging: str, name: str, sync: bool) -> None:
+        self._publish_local(staging, name, sync)
+        try:
+            info = read_step_info(self.local_kv, step, name, fallback_time=time.time())
+        except OcdbtError:
+            info = StepInfo(step, time.time())
+        self._add_shared(step, info)
 
     def _publish_local(self, staging: str, name: str, sync: bool) -> None:
         """After the local save committed into its staging directory: add the topology files,
@@ -542,7 +587,7 @@ class MultiTierCheckpointManager(Lifecycle):
                                             plan.replica if plan.replica is not None else 0)
             result = jax.tree_util.tree_unflatten(treedef, values)
         if plan.source != PERSISTENT:
-            self._remote_local.add(plan.step)
+            self._add_shared(plan.step, self._gathered_infos.get(plan.step) or StepInfo(plan.step, 0.0))
         self.last_restore = RestoreInfo(plan.step, plan.source, plan.replica, tuple(notes))
         log.info("multi-tier restore of step %d from %s%s", plan.step, plan.source,
                  f" (replica {plan.replica})" if plan.source == PEER else "")
