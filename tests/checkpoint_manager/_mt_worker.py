@@ -8,7 +8,9 @@ devices per process, the directories, the policies and a list of actions:
 * ``{"do": "restore", "step": null}``: restore (the newest step by default) onto the mesh and
   compare every addressable shard with the expected values bit for bit; reports the source;
 * ``{"do": "orbax"}`` (single process): Orbax's plain ``CheckpointManager`` restores the
-  persistent tier onto an 8-device mesh.
+  persistent tier onto an 8-device mesh;
+* ``{"do": "orbax_emergency_save", "steps": [...]}``: Orbax's own emergency
+  ``CheckpointManager`` saves the steps (local on replica 1, persistent on replica 0).
 
 Prints one JSON line with the results.
 """
@@ -117,10 +119,35 @@ def orbax_restore() -> dict[str, Any]:
     return {"steps": steps, "step": step, "errors": compare(got, target, step)}
 
 
+def orbax_emergency_save(m: Mesh, steps: list[int]) -> dict[str, Any]:
+    from orbax.checkpoint import args as ocp_args
+    from orbax.checkpoint._src.multihost import multihost
+    from orbax.checkpoint.experimental.emergency import checkpoint_manager as em
+
+    multihost.initialize_runtime_to_distributed_ids()  # as Orbax's emergency tests do
+    multihost.initialize_distributed_to_device_ids()
+    local = JOB["local"].replace("{process_index}", str(PID))
+    os.makedirs(local, exist_ok=True)
+    os.makedirs(JOB["persistent"], exist_ok=True)
+    options = em.CheckpointManagerOptions(
+        local=em.LocalCheckpointOptions(save_interval_steps=JOB.get("local_every", 1),
+                                        max_to_keep=JOB.get("local_keep", 3)),
+        persistent=em.PersistentCheckpointOptions(save_interval_steps=JOB.get("persistent_every", 2)))
+    mgr = em.CheckpointManager(local, JOB["persistent"], m, abstract(m), options=options)
+    saved = [s for s in steps if mgr.save(s, args=ocp_args.Composite(state=ocp_args.PyTreeSave(state(m, s))))]
+    mgr.wait_until_finished()
+    out = {"saved": saved, "all_steps": sorted(int(s) for s in mgr.all_steps())}
+    mgr.close()
+    return out
+
+
 def main() -> dict[str, Any]:
     out: dict[str, Any] = {"process": PID, "actions": []}
     if JOB["actions"] and JOB["actions"][0]["do"] == "orbax":
         out["actions"].append(orbax_restore())
+        return out
+    if JOB["actions"] and JOB["actions"][0]["do"] == "orbax_emergency_save":
+        out["actions"].append(orbax_emergency_save(mesh(), JOB["actions"][0]["steps"]))
         return out
     m = mesh()
     with manager(m) as mgr:

@@ -57,13 +57,13 @@ from ocdbt_py.checkpoint.manager.steps import METRICS_FILE, METRICS_ITEM, metric
 from ocdbt_py.checkpoint.manager.steps import cleanup as cleanup_root
 from ocdbt_py.checkpoint.manager.tier import Tier
 from ocdbt_py.checkpoint.manager.tier_plan import LOCAL, PEER, PERSISTENT, RestorePlan, plan_restore
-from ocdbt_py.errors import OcdbtError, StorageError
+from ocdbt_py.errors import CorruptionError, OcdbtError, StorageError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
 
 __all__ = ["MultiTierCheckpointManager", "RestoreInfo", "CoordinationTimeoutError", "STATE_ITEM",
-           "PERSISTENT_ITEM"]
+           "PERSISTENT_ITEM", "PROCESS_STATE_ITEM"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,11 @@ log = logging.getLogger(__name__)
 STATE_ITEM = "state"
 #: The item holding the state in a persistent step (a single-item Orbax CheckpointManager).
 PERSISTENT_ITEM = "default"
+#: The JSON item (``<step>/process_state/metadata``, Orbax's ``JsonSave`` layout) holding
+#: every process's ``process_state``: ``{"format", "process_count", "states": [...]}``.
+PROCESS_STATE_ITEM = "process_state"
+_PROCESS_STATE_FORMAT = "ocdbt_py.process_state/1"
+_MAX_PROCESS_STATE = 1 << 20  # bytes of one process's document
 _STAGING = ".orbax-checkpoint-tmp-multitier"
 _PROCESS_METADATA_HANDLER = (
     "orbax.checkpoint.experimental.emergency.process_metadata_checkpoint_handler.ProcessMetadataCheckpointHandler")
@@ -94,13 +99,16 @@ class RestoreInfo:
 
     ``source`` is ``"local"`` (every process its own local tier), ``"peer"`` (replica
     ``replica`` read its local tiers and broadcast to the others) or ``"persistent"``;
-    ``notes`` say why local steps were not used (changed topology, failed reads, ...).
+    ``notes`` say why local steps were not used (changed topology, failed reads, ...);
+    ``process_state`` is this process's own JSON document saved with the step (``None`` when
+    the step was saved without one).
     """
 
     step: int
     source: str
     replica: int | None
     notes: tuple[str, ...] = ()
+    process_state: Any = None
 
 
 
@@ -254,6 +262,7 @@ class MultiTierCheckpointManager(Lifecycle):
                             or sp.uses(persistent_policy, sp.Preemption) else None)
         self.last_restore: RestoreInfo | None = None
         self._gathered_infos: dict[int, StepInfo] = {}
+        self._foreign_checks: dict[tuple[str, str | None], str | None] = {}
 
         if cleanup:
             cleanup_root(self.local_kv, self.step_name_format)
@@ -267,21 +276,21 @@ class MultiTierCheckpointManager(Lifecycle):
         self._round += 1
         return f"{self._round}-{what}"
 
-    def _local_report(self, fingerprint: str | None) -> tuple[list[int], dict[int, str]]:
+    def _local_report(self, fingerprint: str | None, target: Any = None) -> tuple[list[int], dict[int, str]]:
         """This process's local steps usable on the current topology, and why the others
         are not."""
         self._local.scan()
         usable: list[int] = []
         reasons: dict[int, str] = {}
         for step in self._local.steps():
-            why = self._local_step_problem(step, fingerprint)
+            why = self._local_step_problem(step, fingerprint, target)
             if why is None:
                 usable.append(step)
             else:
                 reasons[step] = why
         return usable, reasons
 
-    def _local_step_problem(self, step: int, fingerprint: str | None) -> str | None:
+    def _local_step_problem(self, step: int, fingerprint: str | None, target: Any = None) -> str | None:
         name = self.step_name_format.name(step)
         from ocdbt_py.checkpoint.jsonio import read_json
 
@@ -295,21 +304,44 @@ class MultiTierCheckpointManager(Lifecycle):
         why = recorded.mismatch(self.topology, self.process_index)
         if why is not None:
             return f"written on another topology: {why}"
-        if fingerprint is not None:
-            mine = meta.get("custom_metadata", {}).get(_META_KEY, {}) if isinstance(meta, dict) else {}
-            if not isinstance(mine, dict) or mine.get("state_fingerprint") != fingerprint:
-                return "the state's tree, shapes, dtypes or shardings differ from the restore target"
+        custom = meta.get("custom_metadata") if isinstance(meta, dict) else None
+        mine = custom.get(_META_KEY) if isinstance(custom, dict) else None
+        if not isinstance(mine, dict):  # written by Orbax's emergency manager: compare its metadata
+            return self._foreign_step_problem(name, fingerprint, target)
+        if fingerprint is not None and mine.get("state_fingerprint") != fingerprint:
+            return "the state's tree, shapes, dtypes or shardings differ from the restore target"
+        if mine.get("process_state"):
+            try:
+                self._read_states(PrefixStore(self.local_kv, name), required=True)
+            except OcdbtError as e:
+                return f"its process states are incomplete: {e}"
         return None
+
+    def _foreign_step_problem(self, name: str, fingerprint: str | None, target: Any) -> str | None:
+        """A local step without our fingerprint (Orbax's emergency manager wrote it): usable
+        when its recorded tree, shapes, dtypes and shardings equal the target's."""
+        if target is None:
+            return "it has no state fingerprint and there is no target to compare it with"
+        key = (name, fingerprint)
+        if key not in self._foreign_checks:
+            from ocdbt_py.checkpoint.manager.mesh_metadata import foreign_state_problem
+
+            try:
+                why = foreign_state_problem(os.path.join(self.local_directory, name, STATE_ITEM), target)
+            except OcdbtError as e:
+                why = f"unreadable state metadata: {e}"
+            self._foreign_checks[key] = None if why is None else f"(written without a fingerprint) {why}"
+        return self._foreign_checks[key]
 
     def _persistent_listing(self) -> list[int]:
         from ocdbt_py.checkpoint.manager.steps import committed
 
         return sorted(committed(self.persistent_kv, self.step_name_format))
 
-    def _gather(self, what: str, fingerprint: str | None, exclude: set[int] | None = None
+    def _gather(self, what: str, fingerprint: str | None, exclude: set[int] | None = None, target: Any = None
                 ) -> tuple[dict[int, set[int]], list[int], dict[int, dict[str, str]]]:
         """Exchange every process's usable local steps (and process 0's persistent listing)."""
-        usable, reasons = self._local_report(fingerprint)
+        usable, reasons = self._local_report(fingerprint, target)
         usable = [s for s in usable if s not in (exclude or set())]
         doc: dict[str, Any] = {"local": usable, "reasons": {str(k): v for k, v in list(reasons.items())[-8:]},
                                "infos": {str(s): _info_doc(self._local.info(s)) for s in usable}}
@@ -329,7 +361,7 @@ class MultiTierCheckpointManager(Lifecycle):
         """Re-read both tiers and agree on the steps with the other processes (every process
         must call it)."""
         fp = state_fingerprint(self.abstract_state) if self.abstract_state is not None else None
-        local, persistent, _ = self._gather("reload", fp)
+        local, persistent, _ = self._gather("reload", fp, target=self.abstract_state)
         self._persistent.scan()
         if not self.in_persistent_group:
             self._persistent.set_known(set(persistent))
@@ -413,10 +445,18 @@ class MultiTierCheckpointManager(Lifecycle):
         local, persistent = self._decide(step, False)
         return local or persistent
 
-    def save(self, step: int, state: Any, *, force: bool = False, metrics: Mapping[str, Any] | None = None) -> bool:
+    def save(self, step: int, state: Any, *, force: bool = False, metrics: Mapping[str, Any] | None = None,
+             process_state: Any = None) -> bool:
         """Save ``state`` (a tree of ``jax.Array``) as ``step`` to the tiers whose policy says
         so (both with ``force``); returns whether any tier saves.  Every process calls it
-        with the same step."""
+        with the same step.
+
+        ``process_state``: this process's own non-tensor state (a JSON-serializable value,
+        e.g. a data iterator's position), different in each process; every process passes one
+        or none does.  The documents of all processes are gathered and saved in the step (in
+        each local step and the persistent step), so the step is complete only with all of
+        them, and a restore gives each process its own back, wherever the step is read from.
+        """
         self._check_open()
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"a step is a non-negative int, not {step!r}")
@@ -426,11 +466,13 @@ class MultiTierCheckpointManager(Lifecycle):
         local, persistent = self._decide(step, force)
         if not (local or persistent):
             return False
+        from ocdbt_py.checkpoint.saving.api import JsonItem
+
         items: dict[str, Any] = {}
         if metrics is not None:
-            from ocdbt_py.checkpoint.saving.api import JsonItem
-
             items[METRICS_ITEM] = JsonItem(metrics_json(metrics), filename=METRICS_FILE)
+        if process_state is not None:
+            items[PROCESS_STATE_ITEM] = JsonItem(self._gather_process_states(step, process_state))
         fingerprint = state_fingerprint(state)
         if local:
             self._save_local(step, state, items, fingerprint)
@@ -443,9 +485,28 @@ class MultiTierCheckpointManager(Lifecycle):
             self.wait_until_finished()
         return True
 
-    def _custom_metadata(self, tier: str, fingerprint: str) -> dict[str, Any]:
-        return {_META_KEY: {"tier": tier, "process_index": self.process_index, "replica": self.replica,
-                            "state_fingerprint": fingerprint}}
+    def _gather_process_states(self, step: int, doc: Any) -> dict[str, Any]:
+        """Every process's ``process_state`` (the same document in every process)."""
+        try:
+            text = json.dumps(doc, allow_nan=False)
+            mine: dict[str, Any] = ({"error": f"{len(text)} bytes, over {_MAX_PROCESS_STATE}"}
+                                    if len(text) > _MAX_PROCESS_STATE else {"state": doc})
+        except (TypeError, ValueError) as e:
+            mine = {"error": f"not JSON-serializable: {e}"}
+        docs = self._exchange.allgather(self._next_round(f"process-state-{step}"), mine)
+        bad = [(p, d["error"]) for p, d in enumerate(docs) if not isinstance(d, dict) or "error" in d]
+        if bad:
+            raise ValueError(f"process_state of step {step}: "
+                             + "; ".join(f"process {p}: {e}" for p, e in bad))
+        return {"format": _PROCESS_STATE_FORMAT, "process_count": self.process_count,
+                "states": [d.get("state") for d in docs]}
+
+    def _custom_metadata(self, tier: str, fingerprint: str, with_states: bool = False) -> dict[str, Any]:
+        doc = {"tier": tier, "process_index": self.process_index, "replica": self.replica,
+               "state_fingerprint": fingerprint}
+        if with_states:
+            doc["process_state"] = True
+        return {_META_KEY: doc}
 
     def _save_local(self, step: int, state: Any, extra: dict[str, Any], fingerprint: str) -> None:
         from ocdbt_py.checkpoint.saving.api import save
@@ -460,7 +521,8 @@ class MultiTierCheckpointManager(Lifecycle):
         opts = {"sync": self._local_sync, **self._save_options}
         handle = save(PrefixStore(self.local_kv, staging), {STATE_ITEM: state, **extra}, composite=True,
                       force=True, use_zarr3=True, handler="pytree", blocking=not self.async_save,
-                      custom_metadata=self._custom_metadata("local", fingerprint), _coordinator=coord, **opts)
+                      custom_metadata=self._custom_metadata("local", fingerprint, PROCESS_STATE_ITEM in extra),
+                      _coordinator=coord, **opts)
         sync = bool(opts.get("sync", False))
         self._local.start(step, handle, lambda: self._commit_local(step, staging, name, sync))
 
@@ -524,14 +586,15 @@ class MultiTierCheckpointManager(Lifecycle):
 
     # ---- restoring ------------------------------------------------------------------------
 
-    def restore(self, step: int | None = None, target: Any = None) -> Any:
+    def restore(self, step: int | None = None, target: Any = None, *, with_process_state: bool = False) -> Any:
         """Restore ``step`` (default: the newest step complete somewhere) as a tree of
         ``jax.Array`` placed as ``target`` (default: ``abstract_state``) says.
 
         Every process calls it.  Sources, in order of preference: every process's own local
         tier; one replica's local tiers broadcast to the others; the persistent tier.  A read
         that fails somewhere makes every process re-plan without that local step.
-        :attr:`last_restore` records the choice.
+        :attr:`last_restore` records the choice and this process's ``process_state``;
+        ``with_process_state=True`` returns ``(tree, process_state)`` instead of the tree.
         """
         import jax
 
@@ -559,9 +622,9 @@ class MultiTierCheckpointManager(Lifecycle):
         excluded: set[int] = set()
         notes: list[str] = []
         for _attempt in range(_RESTORE_ATTEMPTS):
-            local, persistent, reasons = self._gather("restore", fingerprint, excluded)
+            local, persistent, reasons = self._gather("restore", fingerprint, excluded, target)
             plan = plan_restore(step, local, self.layout.replicas, persistent, peer_ok=peer_why is None)
-            result, error = self._read(plan, target)
+            result, states, error = self._read(plan, target)
             statuses = self._exchange.allgather(self._next_round("restore-status"), error)
             failed = {p: s for p, s in enumerate(statuses) if s is not None}
             if not failed:
@@ -578,36 +641,69 @@ class MultiTierCheckpointManager(Lifecycle):
         else:
             raise OcdbtError(f"restore failed {_RESTORE_ATTEMPTS} times: {'; '.join(notes)}")
         if plan.source == PEER:
-            from ocdbt_py.checkpoint.manager.replica_broadcast import broadcast_from_replica
-
-            source_values = jax.tree_util.tree_leaves(result) if result is not None else None
-            if source_values is not None and len(source_values) != len(leaves):
-                raise OcdbtError("the restored tree does not match the target's structure")
-            values = broadcast_from_replica(source_values, leaves, self.global_mesh, self.layout,
-                                            plan.replica if plan.replica is not None else 0)
-            result = jax.tree_util.tree_unflatten(treedef, values)
+            result, states = self._receive_from_peer(plan, result, states, leaves, treedef)
         if plan.source != PERSISTENT:
             self._add_shared(plan.step, self._gathered_infos.get(plan.step) or StepInfo(plan.step, 0.0))
-        self.last_restore = RestoreInfo(plan.step, plan.source, plan.replica, tuple(notes))
+        mine = states[self.process_index] if states is not None else None
+        self.last_restore = RestoreInfo(plan.step, plan.source, plan.replica, tuple(notes), mine)
         log.info("multi-tier restore of step %d from %s%s", plan.step, plan.source,
                  f" (replica {plan.replica})" if plan.source == PEER else "")
-        return result
+        return (result, mine) if with_process_state else result
 
-    def _read(self, plan: RestorePlan, target: Any) -> tuple[Any, str | None]:
-        """This process's part of ``plan``: the restored tree (``None`` when it only receives)
-        and an error message (``None`` on success)."""
+    def _receive_from_peer(self, plan: RestorePlan, result: Any, states: list[Any] | None, leaves: list[Any],
+                           treedef: Any) -> tuple[Any, list[Any] | None]:
+        """A peer restore's second half: the source replica's values copied to every replica
+        by a collective, its first process's ``process_state`` documents through the exchange."""
+        import jax
+
+        from ocdbt_py.checkpoint.manager.replica_broadcast import broadcast_from_replica
+
+        source = plan.replica if plan.replica is not None else 0
+        source_values = jax.tree_util.tree_leaves(result) if result is not None else None
+        if source_values is not None and len(source_values) != len(leaves):
+            raise OcdbtError("the restored tree does not match the target's structure")
+        values = broadcast_from_replica(source_values, leaves, self.global_mesh, self.layout, source)
+        root = self.layout.replicas[source][0]
+        states = self._exchange.from_process(self._next_round("restore-states"), root, states)
+        if states is not None and (not isinstance(states, list) or len(states) != self.process_count):
+            raise OcdbtError(f"process {root} sent process states of another job")
+        return jax.tree_util.tree_unflatten(treedef, values), states
+
+    def _read(self, plan: RestorePlan, target: Any) -> tuple[Any, list[Any] | None, str | None]:
+        """This process's part of ``plan``: the restored tree (``None`` when it only receives),
+        every process's ``process_state`` saved with the step (``None``: none saved) and an
+        error message (``None`` on success)."""
         from ocdbt_py.checkpoint.restore.api import restore
 
         name = self.step_name_format.name(plan.step)
         try:
             if plan.source == PERSISTENT:
-                return restore(PrefixStore(self.persistent_kv, name), target, item=PERSISTENT_ITEM), None
+                kv = PrefixStore(self.persistent_kv, name)
+                return restore(kv, target, item=PERSISTENT_ITEM), self._read_states(kv), None
             if plan.source == PEER and self.replica != plan.replica:
-                return None, None
-            return restore(PrefixStore(self.local_kv, name), target, item=STATE_ITEM), None
+                return None, None, None
+            kv = PrefixStore(self.local_kv, name)
+            return restore(kv, target, item=STATE_ITEM), self._read_states(kv), None
         except Exception as e:  # noqa: BLE001 - shared with every process, then re-planned
             log.warning("multi-tier restore: reading step %d (%s) failed: %r", plan.step, plan.source, e)
-            return None, f"{type(e).__name__}: {e}"[:1000]
+            return None, None, f"{type(e).__name__}: {e}"[:1000]
+
+    def _read_states(self, step_kv: KvStore, required: bool = False) -> list[Any] | None:
+        """The ``process_state`` documents of every process saved in a step (``None``: the
+        step has none and ``required`` is false)."""
+        from ocdbt_py.checkpoint.jsonio import read_json
+
+        doc = read_json(step_kv, f"{PROCESS_STATE_ITEM}/metadata", _MAX_PROCESS_STATE * (self.process_count + 1))
+        if doc is None and not required:
+            return None
+        if not isinstance(doc, dict):
+            doc = {}
+        states = doc.get("states")
+        if not isinstance(states, list) or doc.get("process_count") != self.process_count \
+                or len(states) != self.process_count:
+            raise CorruptionError(f"{PROCESS_STATE_ITEM} is missing, damaged or from a job of another size",
+                                  path=f"{step_kv.url.rstrip('/')}/{PROCESS_STATE_ITEM}")
+        return states
 
     def _explain(self, plan: RestorePlan, local: dict[int, set[int]], reasons: dict[int, dict[str, str]],
                  peer_why: str | None) -> list[str]:
