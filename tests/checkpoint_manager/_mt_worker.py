@@ -4,9 +4,11 @@ Usage: python _mt_worker.py JOB_JSON PROCESS_ID PORT.  The job names the process
 devices per process, the directories, the policies and a list of actions:
 
 * ``{"do": "save", "steps": [...]}``: save the state of each step (values from
-  ``_mt_values``); reports which steps any tier saved;
+  ``_mt_values``) with this process's own JSON state (:func:`process_state`); reports which
+  steps any tier saved;
 * ``{"do": "restore", "step": null}``: restore (the newest step by default) onto the mesh and
-  compare every addressable shard with the expected values bit for bit; reports the source;
+  compare every addressable shard with the expected values bit for bit; reports the source
+  and the JSON state restored;
 * ``{"do": "orbax"}`` (single process): Orbax's plain ``CheckpointManager`` restores the
   persistent tier onto an 8-device mesh;
 * ``{"do": "orbax_emergency_save", "steps": [...]}``: Orbax's own emergency
@@ -96,6 +98,11 @@ def compare(tree: dict[str, Any], target: dict[str, Any], step: int) -> list[str
     return errs
 
 
+def process_state(step: int) -> dict[str, Any]:
+    """This process's non-tensor state at ``step`` (a data iterator's position)."""
+    return {"process": PID, "position": step * 1000 + PID, "shard": f"part-{PID}-of-{JOB['processes']}"}
+
+
 def manager(m: Mesh) -> MultiTierCheckpointManager:
     return MultiTierCheckpointManager(
         JOB["local"], JOB["persistent"], global_mesh=m, abstract_state=abstract(m),
@@ -156,20 +163,22 @@ def main() -> dict[str, Any]:
         for act in JOB["actions"]:
             t0 = time.perf_counter()
             if act["do"] == "save":
-                saved = [s for s in act["steps"] if mgr.save(s, state(m, s), metrics={"loss": float(s)})]
+                saved = [s for s in act["steps"] if mgr.save(s, state(m, s), metrics={"loss": float(s)},
+                                                             process_state=process_state(s))]
                 mgr.wait_until_finished()
                 res: dict[str, Any] = {"saved": saved}
             elif act["do"] == "restore":
                 target = abstract(m)
                 try:
-                    tree = mgr.restore(act.get("step"), target)
+                    tree, doc = mgr.restore(act.get("step"), target, with_process_state=True)
                 except Exception as e:  # noqa: BLE001 - reported to the test
                     res = {"error": f"{type(e).__name__}: {e}"}
                 else:
                     info = mgr.last_restore
                     assert info is not None
                     res = {"step": info.step, "source": info.source, "replica": info.replica,
-                           "notes": list(info.notes), "errors": compare(tree, target, info.step)}
+                           "notes": list(info.notes), "errors": compare(tree, target, info.step),
+                           "process_state": doc}
             else:
                 raise ValueError(act)
             res["seconds"] = time.perf_counter() - t0
