@@ -24,7 +24,8 @@ mesh, tree and shardings match.  Differences, on purpose (``spec/orbax.md`` sect
   saved in the step itself, in both tiers (Orbax sends ``dataset`` to a separate
   ``persistent_non_replicated_directory`` manager, which is accepted and ignored here);
   ``restore(step, args=Composite(<name>=JsonRestore()))`` gives each process its own back;
-* a mesh with one replica still keeps local steps (Orbax then keeps only the persistent one).
+* with one replica, as Orbax, there is no local tier and the persistent steps name the item
+  ``state`` (``default`` with several replicas).
 
 ``args`` may be this package's ``args.Composite``, Orbax's own, or any mapping of item names
 to objects with an ``item`` attribute (``StandardSave``/``PyTreeSave``/``JsonSave``).
@@ -330,7 +331,8 @@ class CheckpointManager:
             persistent_policy=_save_policy(o.persistent.save_interval_steps, o.persistent.should_save_fn,
                                            o.persistent.save_decision_policy),
             persistent_preservation=_persistent_keep(o.persistent), async_save=o.enable_async_checkpointing,
-            step_name_format=fmt, coordination_timeout_secs=float(timeout))
+            step_name_format=fmt, coordination_timeout_secs=float(timeout),
+            persistent_item="default" if replicas > 1 else _STATE)
 
     @property
     def multitier(self) -> MultiTierCheckpointManager:

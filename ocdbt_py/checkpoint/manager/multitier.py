@@ -156,6 +156,10 @@ class MultiTierCheckpointManager(Lifecycle):
     * ``coordination_timeout_secs``: how long a process waits for the others in a shared
       decision or a persistent save's barrier before raising
       :class:`~ocdbt_py.checkpoint.manager.exchange.CoordinationTimeoutError`.
+    * ``persistent_item``: the item name of the state in persistent steps (``"default"``, as
+      Orbax's emergency manager with several replicas; it uses ``"state"`` with one).
+    * ``save(..., process_state=doc)``: each process's own JSON state (a data iterator's
+      position) is saved with the step; ``restore(..., with_process_state=True)`` gives it back.
 
     Limitations: the state is one tree of ``jax.Array`` (no NumPy or JSON leaves); a peer
     restore needs every leaf replicated across replicas (a ``NamedSharding`` on the global
@@ -182,6 +186,7 @@ class MultiTierCheckpointManager(Lifecycle):
         local_sync: bool = False,
         coordination_timeout_secs: float = 120.0,
         cleanup: bool = True,
+        persistent_item: str = PERSISTENT_ITEM,
     ):
         import jax
 
@@ -199,6 +204,10 @@ class MultiTierCheckpointManager(Lifecycle):
         if not coordination_timeout_secs > 0:
             raise ValueError("coordination_timeout_secs must be positive")
         self._save_options = opts
+        if not isinstance(persistent_item, str) or not persistent_item or "/" in persistent_item \
+                or persistent_item in (PROCESS_STATE_ITEM, METRICS_ITEM, PROCESS_METADATA):
+            raise ValueError(f"persistent_item={persistent_item!r} is not a usable item name")
+        self.persistent_item = persistent_item
         self._local_sync = bool(local_sync)
         self.global_mesh = global_mesh
         self.abstract_state = abstract_state
@@ -578,7 +587,7 @@ class MultiTierCheckpointManager(Lifecycle):
                                   key_prefix=f"ocdbt_py_mt{self._id}_persistent{self._persistent_saves}",
                                   timeout_s=self.timeout_s)
         name = self.step_name_format.name(step)
-        handle = save(PrefixStore(self.persistent_kv, name), {PERSISTENT_ITEM: state, **extra}, composite=True,
+        handle = save(PrefixStore(self.persistent_kv, name), {self.persistent_item: state, **extra}, composite=True,
                       use_zarr3=True, handler="pytree", blocking=not self.async_save,
                       custom_metadata=self._custom_metadata("persistent", fingerprint), _coordinator=coord,
                       **self._save_options)
@@ -679,7 +688,7 @@ class MultiTierCheckpointManager(Lifecycle):
         try:
             if plan.source == PERSISTENT:
                 kv = PrefixStore(self.persistent_kv, name)
-                return restore(kv, target, item=PERSISTENT_ITEM), self._read_states(kv), None
+                return restore(kv, target, item=self.persistent_item), self._read_states(kv), None
             if plan.source == PEER and self.replica != plan.replica:
                 return None, None, None
             kv = PrefixStore(self.local_kv, name)
