@@ -51,7 +51,8 @@ def test_options_as_orbax() -> None:
         with pytest.raises(ValueError, match="keep_period"):
             mod.PersistentCheckpointOptions(keep_period=3, preservation_policy=keep)
     opts = em.CheckpointManagerOptions()
-    assert (opts.local.save_interval_steps, opts.persistent.save_interval_steps, opts.replica_axis_index) == (10, 1000, 0)
+    got = (opts.local.save_interval_steps, opts.persistent.save_interval_steps, opts.replica_axis_index)
+    assert got == (10, 1000, 0)
 
 
 def _run(mod: Any, root: Path, options: Any, steps: range) -> tuple[list[int], Any, dict[str, Any]]:
