@@ -26,6 +26,7 @@ from zarr3.chunk_grid import ChunkKeyEncoding, parse_shape
 from zarr3.codecs import (
     BytesCodec,
     ShardingCodec,
+    TransposeCodec,
     codec_from_dict,
     compressor_from_v2,
 )
@@ -633,11 +634,7 @@ class Array:
                 sink.submit(lambda: store.delete(key))
                 return
             blobs = [b if isinstance(b, bytes) else bytes(b) for b in parts]
-            set_parts = getattr(store, "set_parts", None)
-            if set_parts is not None:
-                sink.submit(lambda: set_parts(key, blobs))
-            else:
-                sink.submit(lambda: store.set(key, b"".join(blobs)))
+            sink.submit(lambda: store.set_parts(key, blobs))
 
         covered: list[tuple[str, tuple[int, ...], list[list[ChunkDimSel]]]] = []
         partial: list[tuple[str, tuple[int, ...], list[list[ChunkDimSel]]]] = []
@@ -807,8 +804,6 @@ def create(
         else:
             codec_list = [BytesCodec(), *_compressor_v3(compressor)]
             if order == "F" and len(shape_t) > 1:
-                from zarr3.codecs import TransposeCodec
-
                 codec_list.insert(0, TransposeCodec("F"))
         grid = chunk_t
         if shards is not None:

@@ -25,7 +25,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ocdbt_py.checkpoint.jsonio import read_json
+from ocdbt_py.checkpoint.meta import LeafMetadata, metadata
+from ocdbt_py.checkpoint.saving.jax_arrays import sharding_json
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import KvStore
 
@@ -55,6 +59,7 @@ class Topology:
     @classmethod
     def current(cls, mesh: Any) -> Topology:
         """The running job's topology for ``mesh`` (a ``jax.sharding.Mesh``)."""
+        # optional: JAX is imported only for trees that hold JAX objects
         import jax
 
         per: dict[int, list[int]] = {}
@@ -125,7 +130,6 @@ class ReplicaLayout:
     @classmethod
     def of(cls, mesh: Any, axis_index: int) -> ReplicaLayout:
         """The replicas of ``mesh`` along its axis ``axis_index``."""
-        import numpy as np
 
         devices = np.asarray(mesh.devices)
         if not 0 <= axis_index < devices.ndim:
@@ -161,7 +165,6 @@ class ReplicaLayout:
 
 
 def _sharding_description(sharding: Any) -> Any:
-    from ocdbt_py.checkpoint.saving.jax_arrays import sharding_json
 
     described = sharding_json(sharding) if sharding is not None else None
     if described is not None:
@@ -172,6 +175,7 @@ def _sharding_description(sharding: Any) -> Any:
 def state_fingerprint(tree: Any) -> str:
     """A digest of the leaf paths, shapes, dtypes and shardings of a tree of ``jax.Array`` or
     ``jax.ShapeDtypeStruct`` leaves (equal for a state and its abstract state)."""
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
 
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
@@ -190,8 +194,6 @@ def _key_part(k: Any) -> str:
 
 
 def _recorded_leaves(tree: Any, out: dict[tuple[str, ...], Any]) -> None:
-    from ocdbt_py.checkpoint.meta import LeafMetadata
-
     if isinstance(tree, LeafMetadata):
         out[tuple(str(p) for p in tree.path)] = tree
     elif isinstance(tree, dict):
@@ -219,10 +221,8 @@ def foreign_state_problem(item_path: str, target: Any) -> str | None:
     shape and dtype, and the sharding Orbax recorded in ``_sharding`` must equal the
     target's: otherwise this process would look for regions it never wrote.
     """
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
-
-    from ocdbt_py.checkpoint.meta import metadata
-    from ocdbt_py.checkpoint.saving.jax_arrays import sharding_json
 
     recorded: dict[tuple[str, ...], Any] = {}
     _recorded_leaves(metadata(item_path, stored_sizes=False), recorded)

@@ -41,6 +41,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from ocdbt_py.checkpoint.jsonio import read_json
 from ocdbt_py.checkpoint.manager import save_policy as sp
 from ocdbt_py.checkpoint.manager.exchange import CoordinationTimeoutError, Exchange
 from ocdbt_py.checkpoint.manager.lifecycle import Lifecycle
@@ -48,15 +49,28 @@ from ocdbt_py.checkpoint.manager.mesh_metadata import (
     PROCESS_METADATA,
     ReplicaLayout,
     Topology,
+    foreign_state_problem,
     state_fingerprint,
 )
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.preemption import PreemptionWatcher
 from ocdbt_py.checkpoint.manager.preservation import LatestN, PreservationPolicy, StepInfo
-from ocdbt_py.checkpoint.manager.steps import METRICS_FILE, METRICS_ITEM, metrics_json, read_step_info
+from ocdbt_py.checkpoint.manager.steps import METRICS_FILE, METRICS_ITEM, committed, metrics_json, read_step_info
 from ocdbt_py.checkpoint.manager.steps import cleanup as cleanup_root
 from ocdbt_py.checkpoint.manager.tier import Tier
-from ocdbt_py.checkpoint.manager.tier_plan import LOCAL, PEER, PERSISTENT, RestorePlan, plan_restore
+from ocdbt_py.checkpoint.manager.tier_plan import (
+    LOCAL,
+    PEER,
+    PERSISTENT,
+    RestorePlan,
+    complete_per_replica,
+    plan_restore,
+)
+from ocdbt_py.checkpoint.restore.api import restore
+from ocdbt_py.checkpoint.saving.api import JsonItem, save
+from ocdbt_py.checkpoint.saving.atomic import _fsync_dir
+from ocdbt_py.checkpoint.saving.distributed import _jax_client, group_coordinator
+from ocdbt_py.checkpoint.saving.layout_writer import COMMIT_MARKER, commit_marker
 from ocdbt_py.errors import CorruptionError, OcdbtError, StorageError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
@@ -188,6 +202,7 @@ class MultiTierCheckpointManager(Lifecycle):
         cleanup: bool = True,
         persistent_item: str = PERSISTENT_ITEM,
     ):
+        # optional: JAX is imported only for trees that hold JAX objects
         import jax
 
         for what, policy in (("local_policy", local_policy), ("persistent_policy", persistent_policy)):
@@ -234,7 +249,6 @@ class MultiTierCheckpointManager(Lifecycle):
 
         with _ids_lock:
             self._id = next(_ids)
-        from ocdbt_py.checkpoint.saving.distributed import _jax_client
 
         client = _jax_client() if self.process_count > 1 else None
         self._exchange = Exchange(f"ocdbt_py_multitier/{self._id}", self.process_index, self.process_count,
@@ -301,7 +315,6 @@ class MultiTierCheckpointManager(Lifecycle):
 
     def _local_step_problem(self, step: int, fingerprint: str | None, target: Any = None) -> str | None:
         name = self.step_name_format.name(step)
-        from ocdbt_py.checkpoint.jsonio import read_json
 
         try:
             recorded = Topology.read(PrefixStore(self.local_kv, f"{name}/{PROCESS_METADATA}"))
@@ -333,8 +346,6 @@ class MultiTierCheckpointManager(Lifecycle):
             return "it has no state fingerprint and there is no target to compare it with"
         key = (name, fingerprint)
         if key not in self._foreign_checks:
-            from ocdbt_py.checkpoint.manager.mesh_metadata import foreign_state_problem
-
             try:
                 why = foreign_state_problem(os.path.join(self.local_directory, name, STATE_ITEM), target)
             except OcdbtError as e:
@@ -343,7 +354,6 @@ class MultiTierCheckpointManager(Lifecycle):
         return self._foreign_checks[key]
 
     def _persistent_listing(self) -> list[int]:
-        from ocdbt_py.checkpoint.manager.steps import committed
 
         return sorted(committed(self.persistent_kv, self.step_name_format))
 
@@ -374,7 +384,6 @@ class MultiTierCheckpointManager(Lifecycle):
         self._persistent.scan()
         if not self.in_persistent_group:
             self._persistent.set_known(set(persistent))
-        from ocdbt_py.checkpoint.manager.tier_plan import complete_per_replica
 
         complete = complete_per_replica(local, self.layout.replicas)
         steps = set().union(*complete) if complete else set()
@@ -475,8 +484,6 @@ class MultiTierCheckpointManager(Lifecycle):
         local, persistent = self._decide(step, force)
         if not (local or persistent):
             return False
-        from ocdbt_py.checkpoint.saving.api import JsonItem
-
         items: dict[str, Any] = {}
         if metrics is not None:
             items[METRICS_ITEM] = JsonItem(metrics_json(metrics), filename=METRICS_FILE)
@@ -518,8 +525,6 @@ class MultiTierCheckpointManager(Lifecycle):
         return {_META_KEY: doc}
 
     def _save_local(self, step: int, state: Any, extra: dict[str, Any], fingerprint: str) -> None:
-        from ocdbt_py.checkpoint.saving.api import save
-        from ocdbt_py.checkpoint.saving.distributed import group_coordinator
 
         self._local_saves += 1
         name = self.step_name_format.name(step)
@@ -546,9 +551,6 @@ class MultiTierCheckpointManager(Lifecycle):
     def _publish_local(self, staging: str, name: str, sync: bool) -> None:
         """After the local save committed into its staging directory: add the topology files,
         then rename the step into place (the moment it becomes visible)."""
-        from ocdbt_py.checkpoint.jsonio import read_json
-        from ocdbt_py.checkpoint.saving.atomic import _fsync_dir
-        from ocdbt_py.checkpoint.saving.layout_writer import COMMIT_MARKER, commit_marker
 
         src = os.path.join(self.local_directory, staging)
         dst = os.path.join(self.local_directory, name)
@@ -579,8 +581,6 @@ class MultiTierCheckpointManager(Lifecycle):
             _fsync_dir(self.local_directory)
 
     def _save_persistent(self, step: int, state: Any, extra: dict[str, Any], fingerprint: str) -> None:
-        from ocdbt_py.checkpoint.saving.api import save
-        from ocdbt_py.checkpoint.saving.distributed import group_coordinator
 
         self._persistent_saves += 1
         coord = group_coordinator(self._persistent_group, writer_devices=self.layout.replica_devices[0],
@@ -605,6 +605,7 @@ class MultiTierCheckpointManager(Lifecycle):
         :attr:`last_restore` records the choice and this process's ``process_state``;
         ``with_process_state=True`` returns ``(tree, process_state)`` instead of the tree.
         """
+        # optional: JAX is imported only for trees that hold JAX objects
         import jax
 
         self._check_open()
@@ -617,12 +618,14 @@ class MultiTierCheckpointManager(Lifecycle):
                 raise TypeError(f"every target leaf must be a jax.ShapeDtypeStruct with a sharding or a jax.Array, "
                                 f"not {type(leaf).__name__}")
         self.wait_until_finished()
-        from ocdbt_py.checkpoint.manager.replica_broadcast import can_broadcast
 
         peer_why = None
         if self.layout.count < 2:
             peer_why = "the mesh has a single replica"
         else:
+            # replica_broadcast imports JAX at its top: importing the manager package must not
+            from ocdbt_py.checkpoint.manager.replica_broadcast import can_broadcast
+
             for leaf in leaves:
                 peer_why = can_broadcast(leaf, self.global_mesh, self.layout)
                 if peer_why is not None:
@@ -663,6 +666,7 @@ class MultiTierCheckpointManager(Lifecycle):
                            treedef: Any) -> tuple[Any, list[Any] | None]:
         """A peer restore's second half: the source replica's values copied to every replica
         by a collective, its first process's ``process_state`` documents through the exchange."""
+        # optional: JAX and the module copying between replicas (it imports JAX)
         import jax
 
         from ocdbt_py.checkpoint.manager.replica_broadcast import broadcast_from_replica
@@ -682,7 +686,6 @@ class MultiTierCheckpointManager(Lifecycle):
         """This process's part of ``plan``: the restored tree (``None`` when it only receives),
         every process's ``process_state`` saved with the step (``None``: none saved) and an
         error message (``None`` on success)."""
-        from ocdbt_py.checkpoint.restore.api import restore
 
         name = self.step_name_format.name(plan.step)
         try:
@@ -700,8 +703,6 @@ class MultiTierCheckpointManager(Lifecycle):
     def _read_states(self, step_kv: KvStore, required: bool = False) -> list[Any] | None:
         """The ``process_state`` documents of every process saved in a step (``None``: the
         step has none and ``required`` is false)."""
-        from ocdbt_py.checkpoint.jsonio import read_json
-
         doc = read_json(step_kv, f"{PROCESS_STATE_ITEM}/metadata", _MAX_PROCESS_STATE * (self.process_count + 1))
         if doc is None and not required:
             return None
