@@ -137,6 +137,28 @@ def _info_from_doc(step: int, doc: Any) -> StepInfo:
     return StepInfo(step, float(doc[0]), doc[1] if isinstance(doc[1], dict) else None)
 
 
+def _checked_arguments(policies: Mapping[str, Any], preservations: Mapping[str, Any],
+                       save_options: Mapping[str, Any] | None, timeout_s: float, persistent_item: Any
+                       ) -> dict[str, Any]:
+    """The manager's arguments checked (``TypeError``/``ValueError``); the save options."""
+    for what, policy in policies.items():
+        if not callable(getattr(policy, "should_save", None)):
+            raise TypeError(f"{what}={policy!r} is not a save policy (it has no should_save method)")
+    for what, keep in preservations.items():
+        if keep is not None and not callable(getattr(keep, "keep", None)):
+            raise TypeError(f"{what}={keep!r} is not a preservation policy (it has no keep method)")
+    opts = dict(save_options or {})
+    unknown = set(opts) - SAVE_OPTIONS
+    if unknown:
+        raise TypeError(f"unknown save_options {sorted(unknown)} (known: {sorted(SAVE_OPTIONS)})")
+    if not timeout_s > 0:
+        raise ValueError("coordination_timeout_secs must be positive")
+    if not isinstance(persistent_item, str) or not persistent_item or "/" in persistent_item \
+            or persistent_item in (PROCESS_STATE_ITEM, METRICS_ITEM, PROCESS_METADATA):
+        raise ValueError(f"persistent_item={persistent_item!r} is not a usable item name")
+    return opts
+
+
 class MultiTierCheckpointManager(Lifecycle):
     """Frequent process-local checkpoints plus rarer persistent ones, restored from the
     fastest tier that has the newest step (see the module documentation).
@@ -205,23 +227,10 @@ class MultiTierCheckpointManager(Lifecycle):
         # optional: JAX is imported only for trees that hold JAX objects
         import jax
 
-        for what, policy in (("local_policy", local_policy), ("persistent_policy", persistent_policy)):
-            if not callable(getattr(policy, "should_save", None)):
-                raise TypeError(f"{what}={policy!r} is not a save policy (it has no should_save method)")
-        for what, keep in (("local_preservation", local_preservation),
-                           ("persistent_preservation", persistent_preservation)):
-            if keep is not None and not callable(getattr(keep, "keep", None)):
-                raise TypeError(f"{what}={keep!r} is not a preservation policy (it has no keep method)")
-        opts = dict(save_options or {})
-        unknown = set(opts) - SAVE_OPTIONS
-        if unknown:
-            raise TypeError(f"unknown save_options {sorted(unknown)} (known: {sorted(SAVE_OPTIONS)})")
-        if not coordination_timeout_secs > 0:
-            raise ValueError("coordination_timeout_secs must be positive")
-        self._save_options = opts
-        if not isinstance(persistent_item, str) or not persistent_item or "/" in persistent_item \
-                or persistent_item in (PROCESS_STATE_ITEM, METRICS_ITEM, PROCESS_METADATA):
-            raise ValueError(f"persistent_item={persistent_item!r} is not a usable item name")
+        self._save_options = _checked_arguments(
+            {"local_policy": local_policy, "persistent_policy": persistent_policy},
+            {"local_preservation": local_preservation, "persistent_preservation": persistent_preservation},
+            save_options, coordination_timeout_secs, persistent_item)
         self.persistent_item = persistent_item
         self._local_sync = bool(local_sync)
         self.global_mesh = global_mesh
