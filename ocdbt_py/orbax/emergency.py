@@ -396,7 +396,8 @@ class CheckpointManager:
     def save(self, step: int, args: Any, *, force: bool = False, custom_metadata: dict[str, Any] | None = None
              ) -> bool:
         """Save ``args.state`` (the state tree) to the tiers whose options say so, with every
-        other item as this process's own JSON state; returns whether any tier saved."""
+        other item as this process's own JSON state; returns whether any tier saved.
+        ``custom_metadata`` is accepted and not stored (the steps carry the manager's own)."""
         items = _items(args)
         if _STATE not in items:
             raise ValueError(f"{_STATE} is a required key and should be specified by the user.")
