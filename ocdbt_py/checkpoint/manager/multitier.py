@@ -662,19 +662,22 @@ class MultiTierCheckpointManager(Lifecycle):
         else:
             raise OcdbtError(f"restore failed {_RESTORE_ATTEMPTS} times: {'; '.join(notes)}")
         if plan.source == PEER:
-            result, states = self._receive_from_peer(plan, result, states, leaves, treedef)
+            result, mine = self._receive_from_peer(plan, result, states, leaves, treedef)
+        else:
+            mine = states[self.process_index] if states is not None else None
         if plan.source != PERSISTENT:
             self._add_shared(plan.step, self._gathered_infos.get(plan.step) or StepInfo(plan.step, 0.0))
-        mine = states[self.process_index] if states is not None else None
         self.last_restore = RestoreInfo(plan.step, plan.source, plan.replica, tuple(notes), mine)
         log.info("multi-tier restore of step %d from %s%s", plan.step, plan.source,
                  f" (replica {plan.replica})" if plan.source == PEER else "")
         return (result, mine) if with_process_state else result
 
     def _receive_from_peer(self, plan: RestorePlan, result: Any, states: list[Any] | None, leaves: list[Any],
-                           treedef: Any) -> tuple[Any, list[Any] | None]:
+                           treedef: Any) -> tuple[Any, Any]:
         """A peer restore's second half: the source replica's values copied to every replica
-        by a collective, its first process's ``process_state`` documents through the exchange."""
+        by a collective, and each process's own ``process_state`` sent to it by the source
+        replica's first process through the key-value store (one key per process, so the
+        documents of a large job never travel as one)."""
         # optional: JAX and the module copying between replicas (it imports JAX)
         import jax
 
@@ -686,10 +689,15 @@ class MultiTierCheckpointManager(Lifecycle):
             raise OcdbtError("the restored tree does not match the target's structure")
         values = broadcast_from_replica(source_values, leaves, self.global_mesh, self.layout, source)
         root = self.layout.replicas[source][0]
-        states = self._exchange.from_process(self._next_round("restore-states"), root, states)
-        if states is not None and (not isinstance(states, list) or len(states) != self.process_count):
-            raise OcdbtError(f"process {root} sent process states of another job")
-        return jax.tree_util.tree_unflatten(treedef, values), states
+        name = self._next_round("restore-states")
+        if self.process_index == root:  # _read checked the list's length
+            for p in range(self.process_count):
+                if p != root:
+                    self._exchange.publish(f"{name}/{p}", None if states is None else states[p])
+            mine = None if states is None else states[root]
+        else:
+            mine = self._exchange.fetch(f"{name}/{self.process_index}", root)
+        return jax.tree_util.tree_unflatten(treedef, values), mine
 
     def _read(self, plan: RestorePlan, target: Any) -> tuple[Any, list[Any] | None, str | None]:
         """This process's part of ``plan``: the restored tree (``None`` when it only receives),
