@@ -32,6 +32,7 @@ from ocdbt_py.checkpoint.saving.chunking import (
     choose_chunk_shape,
     chunk_byte_limit,
 )
+from ocdbt_py.checkpoint.saving.dir_writer import DirWriter, check_files_complete
 from ocdbt_py.checkpoint.saving.distributed import Coordinator, coordinator
 from ocdbt_py.checkpoint.saving.merge import check_complete, collect_children, write_root
 from ocdbt_py.checkpoint.saving.params import (
@@ -75,6 +76,7 @@ class JsonItem:
 @dataclasses.dataclass(frozen=True)
 class _Options:
     use_zarr3: bool
+    use_ocdbt: bool
     use_compression: bool
     chunk_byte_size: int | None
     target_data_file_size: int
@@ -104,7 +106,9 @@ class _ItemPlan:
 
 def _spec(name: str, shape: tuple[int, ...], dtype: np.dtype[Any], write_shape: tuple[int, ...],
           opts: _Options) -> ArraySpec:
-    limit = chunk_byte_limit(write_shape, dtype.itemsize, opts.chunk_byte_size, opts.target_data_file_size)
+    # Orbax caps chunks by the target data file size only for OCDBT
+    target = opts.target_data_file_size if opts.use_ocdbt else 0
+    limit = chunk_byte_limit(write_shape, dtype.itemsize, opts.chunk_byte_size, target)
     chunk = choose_chunk_shape(shape, write_shape, dtype.itemsize, limit)
     return ArraySpec(name, shape, dtype, tuple(write_shape), chunk,
                      3 if opts.use_zarr3 else 2, opts.use_compression)
@@ -197,39 +201,49 @@ def _plan_item(name: str | None, tree: Any, coord: Coordinator, opts: _Options, 
 
 def _write_process_part(item_kv: KvStore, plan: _ItemPlan, coord: Coordinator, opts: _Options
                         ) -> dict[bytes, Any] | None:
-    """Step 3 for one item: this process's database and array metadata file."""
-    writer = ProcessWriter(item_kv, coord.process_index,
-                           target_data_file_size=opts.target_data_file_size, sync=opts.sync)
+    """Step 3 for one item: this process's database (or files, per-parameter layout) and its
+    array metadata file."""
+    writer: ProcessWriter | DirWriter
+    if opts.use_ocdbt:
+        writer = ProcessWriter(item_kv, coord.process_index,
+                               target_data_file_size=opts.target_data_file_size, sync=opts.sync)
+    else:
+        writer = DirWriter(item_kv, sync=opts.sync)
     try:
         for spec in plan.metadata_specs:
             writer.put(spec.metadata_key, spec.metadata_bytes())
         writer.run(writer.tasks(plan.jobs), opts.workers)
     except BaseException:
-        writer.pool.abort()
+        writer.abort()
         raise
     writer.finish()
     if plan.array_metadatas:
         item_kv.set(f"{layout_writer.ARRAY_METADATAS}/process_{coord.process_index}",
                     layout_writer.array_metadatas_file(plan.array_metadatas))
+    if isinstance(writer, DirWriter):
+        return None
     return writer.entries if writer.entries else None
 
 
 def _finalize_item(item_kv: KvStore, plan: _ItemPlan, coord: Coordinator, opts: _Options,
                    own: dict[bytes, Any] | None) -> None:
     """Step 4 for one item (primary): merged root, metadata files."""
-    if plan.specs:
+    entries: dict[bytes, Any] = {}
+    if not opts.use_ocdbt:
+        if plan.specs and not coord.partial:
+            check_files_complete(item_kv, plan.specs)
+    elif plan.specs:
         known = {coord.process_index: own} if own is not None else {}
         entries = collect_children(item_kv, coord.participants, known)
         if not coord.partial:
             check_complete(entries, plan.specs)
-    else:
-        entries = {}
     if plan.shardings:
         item_kv.set(layout_writer.SHARDING, layout_writer.sharding_file(plan.shardings))
     if plan.strings:
         item_kv.set(layout_writer.STRINGS, layout_writer.strings_file(plan.strings))
     item_kv.set(layout_writer.TREE_METADATA, layout_writer.tree_metadata(
-        plan.leaves, plan.write_shapes, use_zarr3=opts.use_zarr3, custom_metadata=plan.custom_metadata))
+        plan.leaves, plan.write_shapes, use_zarr3=opts.use_zarr3, custom_metadata=plan.custom_metadata,
+        use_ocdbt=opts.use_ocdbt))
     if entries:
         write_root(item_kv, entries, target_data_file_size=opts.target_data_file_size)
 
@@ -251,6 +265,7 @@ def save(
     composite: bool = False,
     force: bool = False,
     use_zarr3: bool = False,
+    use_ocdbt: bool = True,
     use_compression: bool = True,
     chunk_byte_size: int | None = None,
     ocdbt_target_data_file_size: int | None = None,
@@ -283,6 +298,9 @@ def save(
     * ``force``: replace an existing checkpoint (otherwise :class:`CheckpointExistsError`).
     * ``use_zarr3``, ``use_compression``, ``chunk_byte_size``, ``ocdbt_target_data_file_size``:
       as Orbax's ``PyTreeCheckpointHandler`` / ``SaveArgs`` options (applied to every array).
+    * ``use_ocdbt=False``: the per-parameter layout (``PyTreeCheckpointHandler(use_ocdbt=False)``):
+      each array's Zarr metadata and chunks are files in ``<item>/<param>/``; chunks are not
+      capped by ``ocdbt_target_data_file_size`` (there are no data files).
     * ``custom_metadata``: JSON stored in ``_CHECKPOINT_METADATA``;
       ``pytree_custom_metadata``: JSON stored in ``_METADATA`` (``PyTreeSave(custom_metadata=)``).
     * ``handler``: ``"standard"`` or ``"pytree"`` (handler name recorded for the item; default:
@@ -321,8 +339,8 @@ def save(
     if target is None:  # Orbax's defaults: 400 MiB on GCS, 2 GiB elsewhere
         gcs = isinstance(path, str) and path.startswith(("gs://", "gcs://"))
         target = GCS_TARGET_DATA_FILE_SIZE if gcs else DEFAULT_TARGET_DATA_FILE_SIZE
-    opts = _Options(use_zarr3, use_compression, chunk_byte_size, target, bool(replica_parallel), bool(copy),
-                    workers or default_workers(), sync)
+    opts = _Options(use_zarr3, bool(use_ocdbt), use_compression, chunk_byte_size, target, bool(replica_parallel),
+                    bool(copy), workers or default_workers(), sync)
 
     if composite:
         if not isinstance(tree, Mapping) or not tree:

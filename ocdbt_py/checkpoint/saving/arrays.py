@@ -22,15 +22,15 @@ import math
 import struct
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from ocdbt_py.checkpoint.saving.ocdbt_build import StoredValue, ValueSink
+from ocdbt_py.checkpoint.saving.ocdbt_build import StoredValue
 from ocdbt_py.format.envelope import crc32c
 
 __all__ = ["ArraySpec", "storage_dtype", "zarr_metadata", "chunk_regions", "encode_chunk", "encode_small",
-           "Compressors", "ONE_SHOT_BYTES"]
+           "Compressors", "ONE_SHOT_BYTES", "ChunkSink"]
 
 #: Chunks at most this large are compressed in one call; larger ones are streamed.
 ONE_SHOT_BYTES = 1 << 20
@@ -183,12 +183,23 @@ class Compressors:
         return c
 
 
+class ChunkSink(Protocol):
+    """Where :func:`encode_chunk` streams one stored value (an OCDBT ``ValueSink``, or a
+    file of the per-parameter layout)."""
+
+    def write(self, data: bytes | memoryview) -> int:
+        """Append ``data``."""
+
+    def finish(self) -> StoredValue:
+        """Complete the value; what the caller records for it."""
+
+
 class _Counting:
-    """Passes writes to a :class:`ValueSink`, counting bytes (zstd's ``stream_writer`` target)."""
+    """Passes writes to a :class:`ChunkSink`, counting bytes (zstd's ``stream_writer`` target)."""
 
     __slots__ = ("sink", "n")
 
-    def __init__(self, sink: ValueSink):
+    def __init__(self, sink: ChunkSink):
         self.sink = sink
         self.n = 0
 
@@ -200,7 +211,7 @@ class _Counting:
         pass
 
 
-def encode_chunk(spec: ArraySpec, view: np.ndarray, sink: ValueSink, compressors: Compressors) -> StoredValue:
+def encode_chunk(spec: ArraySpec, view: np.ndarray, sink: ChunkSink, compressors: Compressors) -> StoredValue:
     """Encode one chunk into ``sink``; returns what the leaf entry stores."""
     raw = _chunk_bytes(spec, view)
     level = spec.zstd_level

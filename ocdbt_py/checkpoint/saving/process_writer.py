@@ -36,7 +36,7 @@ from ocdbt_py.format.data_file_table import IndirectDataReference
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
 
-__all__ = ["ProcessWriter", "process_dir", "default_workers", "ChunkJob"]
+__all__ = ["ProcessWriter", "process_dir", "default_workers", "ChunkJob", "run_bounded"]
 
 INLINE_LIMIT = 1024
 #: Chunks of at most ``ONE_SHOT_BYTES`` are encoded several to a task, up to this many raw
@@ -164,10 +164,14 @@ class ProcessWriter:
     def run(self, tasks: Iterable[Callable[[], None]], workers: int) -> None:
         """Run the chunk tasks on ``workers`` threads, a bounded number in flight."""
         try:
-            _run_bounded(tasks, workers)
+            run_bounded(tasks, workers)
         except BaseException:
             self.pool.abort()
             raise
+
+    def abort(self) -> None:
+        """Drop the open data files after a failure."""
+        self.pool.abort()
 
     def finish(self) -> BuiltDatabase | None:
         """Close the data files and write the database (``None`` when nothing was written)."""
@@ -178,7 +182,9 @@ class ProcessWriter:
                               target_data_file_size=self.target_data_file_size)
 
 
-def _run_bounded(tasks: Iterable[Callable[[], None]], workers: int) -> None:
+def run_bounded(tasks: Iterable[Callable[[], None]], workers: int) -> None:
+    """Run ``tasks`` on ``workers`` threads, at most two per worker in flight; the first
+    error is raised (pending tasks are cancelled)."""
     if workers <= 1:
         for t in tasks:
             t()
