@@ -5,6 +5,7 @@
 >>> everything = checkpoint.restore("/ckpts")                    # latest step, every item
 >>> tree = checkpoint.metadata("/ckpts/1000/params")             # shapes, dtypes, no data
 >>> checkpoint.export_safetensors("/ckpts/1000/params", "model.safetensors")  # streamed
+>>> checkpoint.copy("/old/1000", "/new/1000", use_ocdbt=True, use_zarr3=True)  # doctest: +SKIP
 
 Importing this package imports neither JAX nor TensorStore; JAX is imported only when a
 restore target contains JAX objects.  The on-disk layouts are described in ``spec/orbax.md``.
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ocdbt_py.checkpoint.restore.api import restore
 
 if TYPE_CHECKING:
+    from ocdbt_py.checkpoint.convert.api import copy
     from ocdbt_py.checkpoint.export import export_npz, export_safetensors
     from ocdbt_py.checkpoint.layout import UncommittedStepWarning
     from ocdbt_py.checkpoint.manager import CheckpointManager
@@ -40,6 +42,7 @@ __all__ = [
     "JsonItem",
     "SaveHandle",
     "CheckpointManager",
+    "copy",
 ]
 
 _WHERE = {
@@ -55,6 +58,7 @@ _WHERE = {
     "JsonItem": "ocdbt_py.checkpoint.saving.api",
     "SaveHandle": "ocdbt_py.checkpoint.saving.async_save",
     "CheckpointManager": "ocdbt_py.checkpoint.manager.manager",
+    "copy": "ocdbt_py.checkpoint.convert.api",
 }
 
 

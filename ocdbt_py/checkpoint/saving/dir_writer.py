@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -74,6 +74,11 @@ class DirWriter:
         """Write a value already in memory (metadata, a chunk copied as bytes)."""
         self.kv.set(key, data)
         self._note(key, memoryview(data).nbytes)
+
+    def put_parts(self, key: str, parts: Sequence[bytes | memoryview]) -> None:
+        """Write a value given in pieces."""
+        self.kv.set_parts(key, parts)
+        self._note(key, sum(memoryview(p).nbytes for p in parts))
 
     def open_value(self, key: str) -> Sink:
         """A streaming writer for ``key`` (a large chunk copied as bytes); the caller closes it

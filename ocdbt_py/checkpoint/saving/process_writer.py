@@ -95,6 +95,20 @@ class ProcessWriter:
 
         return run
 
+    def put_parts(self, key: str, parts: Sequence[bytes | memoryview]) -> None:
+        """Store a value given in pieces (inline if small, else contiguous in a data file)."""
+        sink = ValueSink(self.pool, INLINE_LIMIT)
+        for p in parts:
+            sink.write(p)
+        self._add(key, sink.finish())
+
+    def encode(self, spec: ArraySpec, key: str, view: np.ndarray) -> None:
+        """Encode one chunk now (in the calling thread)."""
+        if view.nbytes <= ONE_SHOT_BYTES:
+            self.put(key, encode_small(spec, view, self._compressors))
+        else:
+            self._chunk_task(spec, key, view)()
+
     def _small_batch_task(self, items: list[tuple[ArraySpec, str, np.ndarray]]) -> Callable[[], None]:
         """Encode small chunks in memory, then append the large-enough ones to one data file
         with a single lease (little per-chunk overhead for many-small-array trees)."""
