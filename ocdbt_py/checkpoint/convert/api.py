@@ -200,7 +200,7 @@ def _units(src_kv: KvStore, dst: Any, steps: Iterable[int] | None) -> list[tuple
             raise NotFoundError(f"{src_kv.url}: no finalized step(s) {sorted(missing)} "
                                 f"(have {[e.step for e in entries]})")
         entries = [e for e in entries if e.step in want]
-    out = []
+    out: list[tuple[KvStore, Kind, Any, str]] = []
     for e in entries:
         sub = PrefixStore(src_kv, e.name)
         out.append((sub, classify(src_kv, e.name + "/"), _join(dst, e.name), e.name))

@@ -10,6 +10,7 @@ what it needs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import threading
@@ -35,7 +36,7 @@ REGION_BYTES = 64 << 20
 class ItemWriter(Protocol):
     """Where an item's values go (``ProcessWriter`` for OCDBT, ``DirWriter`` for files)."""
 
-    def put(self, key: str, data: bytes | memoryview) -> None:
+    def put(self, key: str, data: bytes) -> None:
         """Store one value."""
 
     def put_parts(self, key: str, parts: Sequence[bytes | memoryview]) -> None:
@@ -96,7 +97,7 @@ def _copy_chunks(job: ArrayJob, src_kv: KvStore, writer: ItemWriter, coords: lis
                  stats: Stats, lock: threading.Lock) -> None:
     keys = [f"{job.param}/{job.meta.chunk_key(c)}" for c in coords]
     values = [src_kv.get(k) for k in keys]  # tasks run in parallel already
-    read = written = 0
+    read = 0
     for c, key, value in zip(coords, keys, values):
         if value is None:
             continue  # a chunk the source does not store stays absent (fill value)
@@ -104,7 +105,6 @@ def _copy_chunks(job: ArrayJob, src_kv: KvStore, writer: ItemWriter, coords: lis
         if job.how == "bytes":
             writer.put(key, value)
             crc, fmt = crc32c(value), 0
-            written += len(value)
         else:
             frame = unwrap_frame(value, job.src.zarr_format, key)
             if frame is None:
@@ -113,11 +113,10 @@ def _copy_chunks(job: ArrayJob, src_kv: KvStore, writer: ItemWriter, coords: lis
             parts = wrap_frame(frame, job.spec.zarr_format)
             writer.put_parts(dkey, parts)
             crc, fmt, key = crc32c(frame), job.spec.zarr_format, dkey
-            written += sum(memoryview(p).nbytes for p in parts)
         with lock:
             job.crcs[key] = (crc, fmt)
     n = len(coords)
-    stats.add(bytes_read=read, bytes_written=written,
+    stats.add(bytes_read=read,
               **({"chunks_bytes": n} if job.how == "bytes" else {"chunks_rewrapped": n}))
 
 
@@ -163,7 +162,7 @@ def array_tasks(job: ArrayJob, reader: Any, src_kv: KvStore, writer: ItemWriter,
     lock = threading.Lock()
     if job.how == "encode":
         for origin, sl in regions(job):
-            yield lambda origin=origin, sl=sl: _encode_region(job, reader, writer, origin, sl, stats)
+            yield functools.partial(_encode_region, job, reader, writer, origin, sl, stats)
         return
     chunk_bytes = max(1, math.prod(job.src.chunk_shape) * job.src.dtype.itemsize)
     per_task = max(1, BATCH_BYTES // chunk_bytes)
@@ -171,10 +170,10 @@ def array_tasks(job: ArrayJob, reader: Any, src_kv: KvStore, writer: ItemWriter,
     for c in _grid(job.src.shape, job.src.chunk_shape) if job.src.shape else [()]:
         batch.append(tuple(c))
         if len(batch) >= per_task:
-            yield lambda b=batch: _copy_chunks(job, src_kv, writer, b, stats, lock)
+            yield functools.partial(_copy_chunks, job, src_kv, writer, batch, stats, lock)
             batch = []
     if batch:
-        yield lambda b=batch: _copy_chunks(job, src_kv, writer, b, stats, lock)
+        yield functools.partial(_copy_chunks, job, src_kv, writer, batch, stats, lock)
 
 
 def verify_array(job: ArrayJob, src_reader: Any, dst_reader: Any, dst_kv: KvStore) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import fnmatch
+import functools
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -129,6 +130,7 @@ class ItemCopy:
             writer.abort()
             raise
         self._finish(writer, dst_kv)
+        stats.add(bytes_written=_stored_bytes(writer))
         if self.opts.verify:
             self._verify(dst_kv)
 
@@ -153,7 +155,7 @@ class ItemCopy:
         def tasks() -> Iterator[Callable[[], None]]:
             for j in batch:
                 yield from array_tasks(j, reader, src_kv, writer, stats)
-                yield lambda j=j: progress(j.nbytes)
+                yield functools.partial(progress, j.nbytes)
 
         run_bounded(tasks(), self.opts.workers)
         stats.add(arrays=len(batch), logical_bytes=sum(j.nbytes for j in batch))
@@ -260,6 +262,13 @@ def _batches(jobs: list[ArrayJob]) -> Iterator[list[ArrayJob]]:
             batch, size = [], 0
     if batch:
         yield batch
+
+
+def _stored_bytes(writer: ProcessWriter | DirWriter) -> int:
+    """Bytes of the item's array values in the copy."""
+    if isinstance(writer, DirWriter):
+        return sum(writer.written.values())
+    return sum(v.length if isinstance(v, IndirectDataReference) else len(v) for v in writer.entries.values())
 
 
 def _drop_unreferenced(writer: ProcessWriter) -> None:

@@ -10,6 +10,7 @@ flight; large chunks are compressed as a stream into their file.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -114,7 +115,7 @@ class DirWriter:
             for coords, sl in chunk_regions(spec, origin, data.shape):
                 key = spec.chunk_key(coords)
                 if chunk_bytes > ONE_SHOT_BYTES:
-                    yield lambda spec=spec, key=key, view=data[sl]: self.encode(spec, key, view)
+                    yield functools.partial(self.encode, spec, key, data[sl])
                     continue
                 batch.append((spec, key, data[sl]))
                 batch_bytes += chunk_bytes
