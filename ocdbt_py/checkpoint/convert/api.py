@@ -145,7 +145,7 @@ def _options_doc(opts: ItemOptions) -> dict[str, Any]:
     return {"use_ocdbt": opts.use_ocdbt, "zarr3": t.zarr3, "chunk_byte_size": t.chunk_byte_size,
             "target_data_file_size": t.target_data_file_size, "compression": t.compression,
             "dtype": None if t.dtype is None else str(t.dtype), "include": list(opts.include),
-            "exclude": list(opts.exclude), "verify": opts.verify}
+            "exclude": list(opts.exclude)}
 
 
 def _copy_unit(src_kv: KvStore, kind: Kind, dst: Any, opts: ItemOptions, *, force: bool, resume: bool,

@@ -168,9 +168,8 @@ class ItemCopy:
                 records[j.param] = {"entries": encode_entries({k: v for k, v in new.items() if k.startswith(pre)})}
         else:
             records = {j.param: {} for j in batch}
-        if self.opts.verify:
-            for j in batch:
-                records[j.param]["crcs"] = {k: list(v) for k, v in j.crcs.items()}
+        for j in batch:  # kept for a --verify of a resumed copy
+            records[j.param]["crcs"] = {k: list(v) for k, v in j.crcs.items()}
         journal.record(self.name, records)
 
     def _finish(self, writer: ProcessWriter | DirWriter, dst_kv: KvStore) -> None:

@@ -1,0 +1,151 @@
+"""Interrupted copies: nothing appears at the destination, and ``resume=True`` finishes the
+copy skipping the arrays (and steps) already written; also the CLI surface of ``ocdbt cp``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ocdbt_py.checkpoint import JsonItem, copy, restore, save
+from ocdbt_py.checkpoint.convert import item as item_mod
+from ocdbt_py.errors import OcdbtError
+from ocdbt_py.kvstore import LocalStore
+from ocdbt_py.testing.faults import FaultyStore, InjectedFault
+
+
+def _tree() -> dict[str, Any]:
+    rng = np.random.default_rng(3)
+    return {f"layer{i}": {"w": rng.standard_normal((64, 40)).astype(np.float32), "b": np.arange(40) * i}
+            for i in range(8)} | {"step": 9, "name": "t"}
+
+
+def _same(a: Any, b: Any) -> None:
+    if isinstance(b, dict):
+        assert set(a) == set(b)
+        for k in b:
+            _same(a[k], b[k])
+    elif isinstance(b, np.ndarray):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    else:
+        assert a == b
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stopper(after: int) -> Any:
+    calls = [0]
+
+    def progress(done: int, total: int, unit: str) -> None:
+        calls[0] += 1
+        if calls[0] > after:
+            raise _Stop(f"interrupted after {after} progress reports")
+
+    return progress
+
+
+@pytest.mark.parametrize("use_ocdbt", [True, False])
+def test_interrupted_copy_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, use_ocdbt: bool) -> None:
+    monkeypatch.setattr(item_mod, "FLUSH_ARRAYS", 3)  # journal every 3 arrays
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tree = _tree()
+    save(src, tree, use_ocdbt=not use_ocdbt)
+    with pytest.raises(_Stop):
+        copy(src, dst, use_ocdbt=use_ocdbt, use_zarr3=True, chunk_byte_size=2048, workers=2,
+             progress=_stopper(8))
+    assert not dst.exists()  # atomic: nothing until complete
+    tmp = tmp_path / "dst.orbax-checkpoint-tmp"
+    assert (tmp / ".ocdbt-cp" / "options.json").exists()
+    with pytest.raises(OcdbtError, match="other options"):
+        copy(src, dst, use_ocdbt=use_ocdbt, use_zarr3=True, chunk_byte_size=4096, resume=True)
+    s = copy(src, dst, use_ocdbt=use_ocdbt, use_zarr3=True, chunk_byte_size=2048, workers=2, resume=True,
+             verify=True)
+    assert s["units"][0]["status"] == "resumed"
+    assert 3 <= s["arrays_resumed"] < 17 and s["arrays_resumed"] + s["arrays"] == 17
+    _same(restore(dst), tree)
+    assert not tmp.exists() and not (dst / ".ocdbt-cp").exists()
+    if use_ocdbt:  # data files of the interrupted batch that nothing references are gone
+        import ocdbt_py
+
+        db = ocdbt_py.open(str(dst / "ocdbt.process_0"))
+        used = {e.location.file.relative_path.decode() for e in db.entries() if e.location is not None}
+        files = {f"d/{p.name}" for p in (dst / "ocdbt.process_0" / "d").iterdir()}
+        assert used <= files and len(files - used) <= 2  # B+tree node files of the database itself
+
+
+def test_interrupted_in_place_copy_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commit-file mode (object stores): an I/O failure leaves no commit marker; resuming in
+    place finishes the copy."""
+    monkeypatch.setattr(item_mod, "FLUSH_ARRAYS", 3)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tree = _tree()
+    save(src, tree)
+    with pytest.raises(InjectedFault):
+        copy(src, FaultyStore(LocalStore(str(dst)), fail_at=30), use_ocdbt=False, workers=1)
+    # in place, unfinished: no commit marker (Orbax's rule on object stores), no _METADATA yet
+    assert dst.exists() and not (dst / "commit_success.txt").exists() and not (dst / "_METADATA").exists()
+    s = copy(src, FaultyStore(LocalStore(str(dst))), use_ocdbt=False, workers=1, resume=True)
+    assert s["units"][0]["status"] == "resumed" and s["arrays_resumed"] > 0
+    assert (dst / "commit_success.txt").exists()
+    # the journal is deleted (an object store has no directories; this wrapper's local one stays empty)
+    assert not list((dst / ".ocdbt-cp").glob("*"))
+    _same(restore(dst), tree)
+
+
+def test_resume_skips_copied_steps(tmp_path: Path) -> None:
+    root, out = tmp_path / "root", tmp_path / "out"
+    for step in (1, 2, 3):
+        save(root / str(step), {"state": _tree(), "meta": JsonItem({"step": step})}, composite=True)
+
+    def progress(done: int, total: int, unit: str) -> None:
+        if unit == "2" and done > 0:
+            raise _Stop("step 2 interrupted")
+
+    with pytest.raises(_Stop):
+        copy(root, out, use_zarr3=True, progress=progress)
+    assert sorted(p.name for p in out.iterdir()) == ["1", "2.orbax-checkpoint-tmp"]
+    s = copy(root, out, use_zarr3=True, resume=True)
+    assert [u["status"] for u in s["units"]] == ["skipped", "resumed", "copied"]
+    assert sorted(p.name for p in out.iterdir()) == ["1", "2", "3"]
+    got = restore(out)  # the latest step, every item
+    _same(got["state"], _tree())
+    assert got["meta"] == {"step": 3}
+
+
+def _cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from ocdbt_py.cli import main
+
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_cp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "src"
+    save(src, _tree(), use_ocdbt=False)
+    rc, out, err = _cli("cp", str(src), str(tmp_path / "a"), "--ocdbt", "--zarr3", "--verify", "--json",
+                        capsys=capsys)
+    assert rc == 0 and err == ""
+    summary = json.loads(out)
+    assert summary["arrays"] == 17 and summary["chunks_rewrapped"] > 0 and summary["verified"] is True
+    assert summary["units"] == [{"name": "", "kind": "pytree", "status": "copied"}]
+    rc, out, err = _cli("cp", str(src), str(tmp_path / "a"), capsys=capsys)
+    assert rc == 1 and "--force" in err and "--resume" in err
+    rc, out, err = _cli("cp", str(src), str(tmp_path / "b"), "--compression", "lz4", capsys=capsys)
+    assert rc == 2 and "zstd:LEVEL" in err
+    rc, out, err = _cli("cp", str(src), str(tmp_path / "c"), "--quiet", "--chunk-byte-size", "1KiB",
+                        "--exclude", "layer7.*", "--dtype", "bfloat16", "--compression", "none", capsys=capsys)
+    assert rc == 0 and out == "" and err == ""
+    got = restore(tmp_path / "c")
+    assert "layer7" not in got and got["layer0"]["w"].dtype.name == "bfloat16"
+    zarray = json.loads((tmp_path / "c" / "layer0.w" / ".zarray").read_text())
+    assert zarray["compressor"] is None and np.prod(zarray["chunks"]) * 2 <= 1024
+    rc, out, err = _cli("cp", str(src), str(tmp_path / "d"), "--target-data-file-size", "12x", capsys=capsys)
+    assert rc == 2
+    rc, out, err = _cli("cp", str(src), str(tmp_path / "e"), capsys=capsys)
+    assert rc == 0 and out == "" and "copied 17 arrays" in err
