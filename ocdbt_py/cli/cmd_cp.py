@@ -78,9 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="do not fsync local files (faster, not crash-durable)")
     p.add_argument("-S", "--storage-option", metavar="K=V", action="append", default=[],
                    type=parse_storage_option, dest="storage_option",
-                   help="fsspec storage option for SRC and DST (repeatable)")
+                   help="fsspec storage option for SRC, and for DST when it has the same URL scheme (repeatable)")
     p.add_argument("--dst-storage-option", metavar="K=V", action="append", default=[],
-                   type=parse_storage_option, help="fsspec storage option for DST only (repeatable)")
+                   type=parse_storage_option, help="fsspec storage option for DST (repeatable; replaces -S for DST)")
     p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
     add_json(p)
     add_common(p)
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise UsageError("--workers must be at least 1")
     so = dict(args.storage_option) or None
-    dso = {**(so or {}), **dict(args.dst_storage_option)} or None
+    dso = dict(args.dst_storage_option) or None
     bar = Progress("cp", enabled=not args.quiet and want_progress(None))
 
     def progress(done: int, total: int, unit: str) -> None:

@@ -65,6 +65,14 @@ def _join(location: str | os.PathLike[str] | KvStore, name: str) -> str | KvStor
     return os.fspath(location).rstrip("/") + "/" + name
 
 
+def _scheme(location: Any) -> str | None:
+    """The URL scheme of a location (``None``: a local path or a KvStore)."""
+    if isinstance(location, KvStore):
+        return None
+    text = os.fspath(location)
+    return text.split("://", 1)[0] if "://" in text else None
+
+
 def _prepare(dest: Destination, force: bool, resume: bool) -> bool:
     """Make room for writing the unit; ``True`` when an interrupted copy is continued."""
     if resume:
@@ -245,6 +253,8 @@ def copy(
     * ``include``/``exclude``: glob patterns on array names (``params.layer0.*``).
     * Without options the layout is kept and chunks are copied as bytes; a change of Zarr
       version alone keeps the compressed frames; anything else decodes and encodes chunks.
+    * ``storage_options``: fsspec options of ``src`` (and of ``dst`` when it has the same URL
+      scheme); ``dst_storage_options``: of ``dst``.
     * ``workers``: threads, also the bound on chunks in flight (memory).
     * ``resume``: continue an interrupted copy (finished arrays and steps are skipped);
       ``force``: replace an existing destination; ``verify``: compare the copy with the source
@@ -254,7 +264,8 @@ def copy(
     """
     t0 = time.monotonic()
     so = dict(storage_options) if storage_options is not None else None
-    dso = dict(dst_storage_options) if dst_storage_options is not None else so
+    dso = dict(dst_storage_options) if dst_storage_options is not None else (
+        so if _scheme(src) == _scheme(dst) else None)
     if chunk_byte_size is not None and chunk_byte_size <= 0:
         raise ValueError("chunk_byte_size must be positive")
     if ocdbt_target_data_file_size is not None and ocdbt_target_data_file_size < 0:
