@@ -173,7 +173,6 @@ def run_jobs(jobs: Iterable[Job], *, max_pending: int | None = None) -> None:
 
 Request = tuple[str, "ByteRange | None"]
 
-_LOCAL_TYPES: tuple[type, ...] | None = None
 
 
 def fetch_batch(store: KvStore) -> int:
@@ -182,29 +181,13 @@ def fetch_batch(store: KvStore) -> int:
     Local reads cost CPU, not latency, so each worker fetches its own chunk; remote stores
     get several keys per concurrent :meth:`KvStore.get_many` to hide latency.
     """
-    global _LOCAL_TYPES
-    if _LOCAL_TYPES is None:
-        from ocdbt_py.kvstore import LocalStore, MemoryStore
-
-        _LOCAL_TYPES = (LocalStore, MemoryStore)
     env = os.environ.get("ZARR3_FETCH_BATCH")
     if env:
         try:
             return max(1, int(env))
         except ValueError:
             pass
-    base: Any = store
-    for _ in range(8):  # unwrap PrefixStore / OCDBT views
-        if isinstance(base, _LOCAL_TYPES):
-            return 1
-        nxt = getattr(base, "base", None)
-        if nxt is None:
-            db = getattr(base, "db", None)
-            nxt = getattr(db, "kvstore", None) if db is not None else None
-        if nxt is None or nxt is base:
-            break
-        base = nxt
-    return 4
+    return 4 if store.is_remote else 1
 
 
 class LocalFetcher:
@@ -226,16 +209,10 @@ class LocalFetcher:
     @classmethod
     def for_store(cls, store: KvStore, max_bytes: int) -> LocalFetcher | None:
         """A fetcher for ``store`` if it is a local directory, else ``None``."""
-        from ocdbt_py.kvstore import LocalStore, PrefixStore
-
-        prefix = ""
-        base: Any = store
-        while type(base) is PrefixStore:
-            prefix = base.prefix + prefix
-            base = base.base
-        if type(base) is not LocalStore or os.environ.get("ZARR3_NO_LOCAL_FETCH"):
+        root = store.local_path()
+        if root is None or os.environ.get("ZARR3_NO_LOCAL_FETCH"):
             return None
-        return cls(base.root, prefix, max_bytes)
+        return cls(root, "", max_bytes)
 
     def __call__(self, key: str, byte_range: ByteRange | None) -> Any:
         from ocdbt_py.kvstore import validate_key

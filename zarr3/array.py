@@ -633,11 +633,7 @@ class Array:
                 sink.submit(lambda: store.delete(key))
                 return
             blobs = [b if isinstance(b, bytes) else bytes(b) for b in parts]
-            set_parts = getattr(store, "set_parts", None)
-            if set_parts is not None:
-                sink.submit(lambda: set_parts(key, blobs))
-            else:
-                sink.submit(lambda: store.set(key, b"".join(blobs)))
+            sink.submit(lambda: store.set_parts(key, blobs))
 
         covered: list[tuple[str, tuple[int, ...], list[list[ChunkDimSel]]]] = []
         partial: list[tuple[str, tuple[int, ...], list[list[ChunkDimSel]]]] = []

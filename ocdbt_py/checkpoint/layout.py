@@ -71,9 +71,7 @@ class Listing:
 
     @classmethod
     def of(cls, kv: KvStore, prefix: str = "") -> Listing:
-        from ocdbt_py.kvstore.object_store import is_object_store
-
-        if not is_object_store(kv):
+        if not kv.lists_sizes:
             d, f = kv.list_dir(prefix)
             return cls(sorted(d), sorted(f))
         if prefix and not prefix.endswith("/"):
@@ -117,9 +115,9 @@ def read_ahead(kv: KvStore, prefix: str = "") -> bool:
     answers the next read of that file, with the same size limit.  Elsewhere this does
     nothing (and returns ``False``).
     """
-    from ocdbt_py.kvstore.object_store import read_ahead as start
-
-    return start(kv, [(prefix + name, (0, limit)) for name, limit in _first_reads()])
+    if not kv.supports_read_ahead:
+        return False
+    return kv.read_ahead([(prefix + name, (0, limit)) for name, limit in _first_reads()])
 
 
 def listing_of(kv: KvStore, prefix: str = "") -> Listing:
@@ -166,10 +164,6 @@ def dir_name(prefix: str) -> str | None:
 
 def store_dir_name(kv: KvStore) -> str | None:
     """The directory name a store is rooted at, when known (prefix stores and local paths)."""
-    from ocdbt_py.kvstore.prefixed import PrefixStore
-
-    if isinstance(kv, PrefixStore) and kv.prefix:
-        return dir_name(kv.prefix)
     url = kv.url.rstrip("/")
     return url.rsplit("/", 1)[-1] if "/" in url else None
 
@@ -231,15 +225,7 @@ def _renames_atomically(kv: KvStore) -> bool:
     """``False`` for object stores (fsspec filesystems other than local ones), where Orbax and
     ``ocdbt_py.checkpoint.save`` write in place and ``commit_success.txt`` is the only commit
     point, so a step without it is unfinished even if no step has one."""
-    from ocdbt_py.kvstore.fsspec_store import FsspecStore
-    from ocdbt_py.kvstore.prefixed import PrefixStore
-
-    while isinstance(kv, PrefixStore):
-        kv = kv.base
-    if not isinstance(kv, FsspecStore):
-        return True
-    protos = kv.fs.protocol if isinstance(kv.fs.protocol, (tuple, list)) else (kv.fs.protocol,)
-    return bool(set(protos) & {"file", "local"})
+    return kv.renames_atomically
 
 
 def list_steps(kv: KvStore, *, warn: bool = True, listing: Listing | None = None) -> list[StepEntry]:

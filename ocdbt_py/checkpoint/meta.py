@@ -153,11 +153,7 @@ def summarize_zarr(raw: bytes, v3: bool) -> dict[str, Any]:
 
 
 def _local_sizes(kv: KvStore) -> bool:
-    from ocdbt_py.kvstore.local import LocalStore
-
-    while isinstance(kv, PrefixStore):
-        kv = kv.base
-    return isinstance(kv, LocalStore)
+    return kv.local_path() is not None
 
 
 def item_metadata(item: PyTreeItem, *, stored_sizes: bool | None = None) -> Any:

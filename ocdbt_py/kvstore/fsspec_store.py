@@ -79,6 +79,24 @@ class FsspecStore(KvStore):
         validate_key(key)
         return f"{self.root}/{key}" if self.root else key
 
+    # -- capabilities ----------------------------------------------------------------------
+    def fsspec_location(self, key: str = "") -> tuple[Any, str] | None:
+        return self.fs, (self._path(key) if key else self.root)
+
+    @property
+    def _protocols(self) -> set[str]:
+        protos = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
+        return set(protos)
+
+    @property
+    def is_remote(self) -> bool:
+        return not (self._protocols & {"file", "local", "memory"})
+
+    @property
+    def renames_atomically(self) -> bool:
+        # Orbax and our save write in place on object stores; commit_success.txt commits there
+        return bool(self._protocols & {"file", "local"})
+
     def _fail(self, what: str, key: str, exc: BaseException) -> StorageError:
         return StorageError(f"{what} {self.url}/{key} failed: {type(exc).__name__}: {exc}")
 

@@ -33,7 +33,8 @@ except ImportError:  # pragma: no cover - Windows
 __all__ = ["LocalStore"]
 
 _LOCK_SUFFIX = ".__lock"
-_TMP_MARK = ".__tmp."
+#: Marks the temporary file of a write in progress (renamed into place when complete).
+TMP_MARK = ".__tmp."
 
 
 #: Values up to this size get a content digest in their generation.
@@ -60,6 +61,10 @@ class LocalStore(KvStore):
     def _path(self, key: str) -> str:
         validate_key(key)
         return os.path.join(self.root, *key.split("/"))
+
+    def local_path(self, key: str = "") -> str | None:
+        """The file of ``key`` below :attr:`root` (``""``: the root directory itself)."""
+        return self._path(key) if key else self.root
 
     def _fail(self, what: str, key: str, exc: OSError) -> StorageError:
         return StorageError(f"{what} {self.url}/{key} failed: {exc.strerror or exc}")
@@ -135,7 +140,7 @@ class LocalStore(KvStore):
                 if (relb + d.encode() + b"/").startswith(pb) or pb.startswith(relb + d.encode() + b"/")
             ]
             for f in filenames:
-                if f.endswith(_LOCK_SUFFIX) or _TMP_MARK in f:
+                if f.endswith(_LOCK_SUFFIX) or TMP_MARK in f:
                     continue
                 kb = relb + f.encode()
                 if kb.startswith(pb):
@@ -161,7 +166,7 @@ class LocalStore(KvStore):
                 for entry in it:
                     if entry.is_dir():
                         dirs.append(entry.name)
-                    elif not (entry.name.endswith(_LOCK_SUFFIX) or _TMP_MARK in entry.name):
+                    elif not (entry.name.endswith(_LOCK_SUFFIX) or TMP_MARK in entry.name):
                         files.append(entry.name)
         except (FileNotFoundError, NotADirectoryError):
             pass
@@ -175,7 +180,7 @@ class LocalStore(KvStore):
     def _write_temp(self, path: str, value: bytes | bytearray | memoryview | Sequence[Any]) -> str:
         d = os.path.dirname(path)
         os.makedirs(d, exist_ok=True)
-        tmp = f"{path}{_TMP_MARK}{uuid.uuid4().hex}"
+        tmp = f"{path}{TMP_MARK}{uuid.uuid4().hex}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o644)
         try:
             parts: Sequence[Any] = [value] if isinstance(value, (bytes, bytearray, memoryview)) else value

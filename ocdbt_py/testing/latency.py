@@ -83,6 +83,19 @@ class LatencyStore(KvStore):
     def url(self) -> str:
         return self.base.url
 
+    # -- capabilities: a modelled object store; nothing that would read around the delay ----
+    @property
+    def is_remote(self) -> bool:
+        return True
+
+    @property
+    def supports_conditional_writes(self) -> bool:
+        return self.base.supports_conditional_writes
+
+    @property
+    def renames_atomically(self) -> bool:
+        return self.base.renames_atomically
+
     # -- accounting ----------------------------------------------------------------------
     def _begin(self, op: str, depth: int | None = None) -> int:
         with self._lock:

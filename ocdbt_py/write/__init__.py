@@ -11,7 +11,9 @@ Users reach it through :func:`ocdbt_py.open` with ``mode="a"``::
 
 Modules: :mod:`.options` (config constraints, writer options), :mod:`.data_writer`,
 :mod:`.node_encoder`, :mod:`.btree_writer`, :mod:`.version_tree_writer`,
-:mod:`.manifest_io`, :mod:`.commit`, :mod:`.transaction`, :mod:`.gc`.
+:mod:`.manifest_io`, :mod:`.commit`, :mod:`.transaction`, and :mod:`.bulk` (a single-generation
+database written in one pass, for checkpoint writers).  Garbage collection is in
+:mod:`ocdbt_py.maintenance.gc`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ocdbt_py.checkpoint.saving.sinks import local_path
 from ocdbt_py.errors import OcdbtError
 from ocdbt_py.format.data_file_table import DataFileId, IndirectDataReference
 from ocdbt_py.kvstore.base import KvStore
@@ -99,7 +98,7 @@ class Journal:
         """Delete the journal (just before the commit)."""
         for k in list(self.kv.list(f"{JOURNAL_DIR}/")):
             self.kv.delete(k)
-        path = local_path(self.kv, JOURNAL_DIR)
+        path = self.kv.local_path(JOURNAL_DIR)
         if path is not None:
             with contextlib.suppress(OSError):
                 os.rmdir(path)

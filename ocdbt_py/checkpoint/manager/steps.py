@@ -14,7 +14,6 @@ from ocdbt_py.checkpoint.layout import COMMIT_MARKER, TMP_SUFFIX
 from ocdbt_py.checkpoint.layout import list_steps as _list_steps
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.preservation import StepInfo
-from ocdbt_py.checkpoint.saving.sinks import local_path
 from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
 
@@ -80,7 +79,7 @@ def scan(kv: KvStore, fmt: StepNameFormat, *, workers: int = 16) -> tuple[dict[i
 def writes_in_place(kv: KvStore) -> bool:
     """Whether saves under ``kv`` write step directories in place (committed by their marker)
     rather than into a temporary directory renamed into place (local disks)."""
-    return local_path(kv) is None
+    return kv.local_path() is None
 
 
 def cleanup(kv: KvStore, fmt: StepNameFormat, keep: Sequence[str] = ()) -> list[str]:
@@ -119,7 +118,7 @@ def delete_step(kv: KvStore, name: str) -> None:
     Locally it is renamed to a temporary name first (atomic), then removed; elsewhere its
     commit markers go first (outermost first), then everything else.
     """
-    path = local_path(kv, name)
+    path = kv.local_path(name)
     if path is not None:
         trash = f"{path}{_DELETING}{uuid.uuid4().hex[:8]}"
         try:
@@ -134,7 +133,7 @@ def delete_step(kv: KvStore, name: str) -> None:
 
 
 def _remove_dir(kv: KvStore, name: str) -> None:
-    path = local_path(kv, name)
+    path = kv.local_path(name)
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
         return

@@ -56,17 +56,7 @@ class Located:
 
 def local_root(kv: KvStore) -> str | None:
     """The local directory a store reads from (through prefix views), or ``None``."""
-    from ocdbt_py.kvstore.local import LocalStore
-    from ocdbt_py.kvstore.prefixed import PrefixStore
-
-    parts: list[str] = []
-    while isinstance(kv, PrefixStore):
-        if kv.prefix:
-            parts.append(kv.prefix.strip("/"))
-        kv = kv.base
-    if not isinstance(kv, LocalStore):
-        return None
-    return os.path.join(kv.root, *[seg for p in reversed(parts) for seg in p.split("/")])
+    return kv.local_path()
 
 
 class LocalSource:

@@ -143,12 +143,10 @@ def start_prefetch(store: ArrayStore, sizes: dict[str, int]) -> Prefetch | None:
     """A :class:`Prefetch` of the data files of ``store``'s OCDBT databases (named, with their
     sizes, by the item directory's listing), or ``None`` where it does not apply: not an
     object store, no databases, no sizes, or ``OCDBT_PY_PREFETCH=0``."""
-    from ocdbt_py.kvstore.object_store import is_object_store
-
     if os.environ.get("OCDBT_PY_PREFETCH", "1") in ("0", "false", "no"):
         return None
     item_kv = store.item_kv
-    if not sizes or not store.databases or item_kv is None or not is_object_store(item_kv):
+    if not sizes or not store.databases or item_kv is None or not item_kv.supports_read_ahead:
         return None
     files: list[tuple[int, str, int]] = []
     claimed: set[str] = set()

@@ -43,7 +43,6 @@ from ocdbt_py.checkpoint.restore.locations import scan_locations
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.futures import all_done
-from ocdbt_py.kvstore.prefixed import PrefixStore
 
 __all__ = ["RemoteLoc", "RemoteSource", "Prefetch", "IN_FLIGHT_BYTES", "MAX_SPAN", "GAP", "fetch_budget"]
 
@@ -125,15 +124,6 @@ class RemoteLoc:
         self.inline = inline
 
 
-def _unwrap(kv: KvStore) -> tuple[KvStore, str]:
-    """The innermost store below prefix views, and the key prefix those views add."""
-    prefix = ""
-    while type(kv) is PrefixStore:
-        prefix = kv.prefix + prefix
-        kv = kv.base
-    return kv, prefix
-
-
 def _claim(vals: list[tuple[int, int, int]], jobs: list[_Job]) -> list[tuple[int, int, int]]:
     """Give each value (``(index, offset, length)``, sorted by offset) that lies wholly inside
     one of ``jobs``' ranges to that job; return the values left for new requests."""
@@ -166,15 +156,13 @@ class _Job:
         self.keys = keys
 
 
-def _start_span(job: _Job, stores: Sequence[KvStore], direct: Sequence[tuple[KvStore, str]],
-                _pool: _Pool) -> concurrent.futures.Future[Any]:
+def _start_span(job: _Job, stores: Sequence[KvStore], _pool: _Pool) -> concurrent.futures.Future[Any]:
     """Start the one ranged read of ``job``: into a pooled buffer where the store can."""
     si, fk, lo, hi, _ = job.spans[0]
-    base, prefix = direct[si]
-    read_into = getattr(base, "read_into", None)
-    if read_into is not None:
+    store = stores[si]
+    if store.supports_read_into:
         job.buf = _pool.take(hi - lo)
-        return read_into([(prefix + fk, lo, job.buf.data[: hi - lo])])[0]  # type: ignore[no-any-return]
+        return store.read_into([(fk, lo, job.buf.data[: hi - lo])])[0]
     return _io().submit(stores[si].get_many, [(fk, (lo, hi))])
 
 
@@ -194,7 +182,6 @@ class Prefetch:
         self.pool = _Pool(self.budget)
         self.jobs: list[tuple[_Job, concurrent.futures.Future[Any]]] = []
         self.used = False
-        direct = [_unwrap(s) for s in stores]
         held = 0
         for si, fk, size in sorted(files, key=lambda f: (-f[2], f[0], f[1])):
             if size < PREFETCH_MIN_FILE:
@@ -204,7 +191,7 @@ class Prefetch:
                 # full-size requests: they arrive while the B+tree is still being read
                 hi = min(size, lo + MAX_SPAN, lo + self.budget - held)
                 job = _Job(hi - lo, [(si, fk, lo, hi, [])])
-                self.jobs.append((job, _start_span(job, stores, direct, self.pool)))
+                self.jobs.append((job, _start_span(job, stores, self.pool)))
                 held += hi - lo
                 lo = hi
 
@@ -237,7 +224,6 @@ class RemoteSource:
         self.stores = list(stores)
         #: for OCDBT items: every key's location (inline values included), from one B+tree scan
         self.table = table
-        self._direct = [_unwrap(s) for s in self.stores]
 
     @classmethod
     def for_ocdbt(cls, kv: KvStore, databases: Sequence[Any]) -> RemoteSource:
@@ -308,7 +294,7 @@ class RemoteSource:
         if job.keys is not None:
             kv = self.kv
             return _io().submit(kv.get_many, [k for _, k in job.keys])
-        return _start_span(job, self.stores, self._direct, pool)
+        return _start_span(job, self.stores, pool)
 
     def _answers(self, job: _Job, result: Any) -> list[tuple[int, Any]]:
         if job.keys is not None:

@@ -11,8 +11,9 @@ v3 inside, ``_METADATA`` and friends) to any fsspec filesystem; see ``spec/orbax
 Modules: :mod:`.params` (tree walk, names, collisions), :mod:`.chunking` (chunk shapes,
 replica-parallel axis), :mod:`.arrays` (Zarr metadata and chunk encoding),
 :mod:`.jax_arrays` (shards and shardings), :mod:`.host_copy` (copies for async saves),
-:mod:`.sinks` (streaming writes, deferred syncs), :mod:`.ocdbt_build` (one-pass OCDBT
-databases), :mod:`.process_writer` (a process's database), :mod:`.merge` (the merged root),
+the databases themselves are built in one pass by :mod:`ocdbt_py.write.bulk` (streaming
+into data files through :mod:`ocdbt_py.kvstore.sinks`), :mod:`.process_writer` (a process's
+database), :mod:`.merge` (the merged root),
 :mod:`.layout_writer` (metadata documents), :mod:`.atomic` (commit), :mod:`.async_save`
 (handles), :mod:`.distributed` (barriers), :mod:`.api` (``save``).
 """

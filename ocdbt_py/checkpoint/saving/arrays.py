@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ocdbt_py.checkpoint.saving.ocdbt_build import StoredValue
 from ocdbt_py.format.envelope import crc32c
+from ocdbt_py.write.bulk import StoredValue
 
 __all__ = ["ArraySpec", "storage_dtype", "zarr_metadata", "chunk_regions", "encode_chunk", "encode_small",
            "Compressors", "ONE_SHOT_BYTES", "ChunkSink"]

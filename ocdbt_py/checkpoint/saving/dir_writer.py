@@ -27,8 +27,8 @@ from ocdbt_py.checkpoint.saving.arrays import (
 )
 from ocdbt_py.checkpoint.saving.merge import IncompleteSaveError
 from ocdbt_py.checkpoint.saving.process_writer import BATCH_BYTES, BATCH_TASKS, ChunkJob, run_bounded
-from ocdbt_py.checkpoint.saving.sinks import Sink, open_sink
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.sinks import Sink, open_sink
 
 __all__ = ["DirWriter", "check_files_complete"]
 

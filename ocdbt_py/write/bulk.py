@@ -1,4 +1,4 @@
-"""Building a single-generation OCDBT database in one pass, as a checkpoint writer needs.
+"""Bulk building: a single-generation OCDBT database written in one pass (checkpoint writers).
 
 A checkpoint's per-process database and the merged root are written once and never updated,
 so instead of committing through the general writer (which needs conditional writes and holds
@@ -19,21 +19,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import secrets
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Union
 
-from ocdbt_py.checkpoint.saving.sinks import Sink, open_sink
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.btree import BtreeChild
-from ocdbt_py.format.config import MANIFEST_KIND_SINGLE, Config
+from ocdbt_py.format.config import Config
 from ocdbt_py.format.data_file_table import DataFileId, IndirectDataReference, Statistics
 from ocdbt_py.format.manifest import Manifest, encode_manifest
 from ocdbt_py.format.version_tree import BtreeGenerationReference
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.sinks import Sink, open_sink
 from ocdbt_py.write.data_writer import DataWriter
 from ocdbt_py.write.node_encoder import encode_interior_level, encode_leaf_level
 
@@ -41,7 +40,6 @@ if TYPE_CHECKING:
     from ocdbt_py.store import OcdbtStore
 
 __all__ = [
-    "orbax_config",
     "DataFilePool",
     "ValueSink",
     "StoredValue",
@@ -54,18 +52,6 @@ MANIFEST_KEY = "manifest.ocdbt"
 StoredValue = Union[bytes, IndirectDataReference]
 _MAX_HEIGHT = 255
 _WRITE_PIECE = 4 << 20
-
-
-def orbax_config(uuid: bytes | None = None) -> Config:
-    """The config Orbax gives every checkpoint database (TensorStore records zstd level 0)."""
-    return Config(
-        uuid=uuid if uuid is not None else os.urandom(16),
-        manifest_kind=MANIFEST_KIND_SINGLE,
-        max_inline_value_bytes=1024,
-        max_decoded_node_bytes=100_000_000,
-        version_tree_arity_log2=4,
-        compression_level=0,
-    )
 
 
 class _DataFile:
