@@ -19,18 +19,20 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ocdbt_py.checkpoint.convert.encoding import SourceEncoding, unwrap_frame, wrap_frame
+from ocdbt_py.checkpoint.convert.encoding import TRAILER, SourceEncoding, unwrap_frame, wrap_frame
 from ocdbt_py.checkpoint.saving.arrays import ArraySpec, chunk_regions
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.envelope import crc32c
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.sinks import Sink
 
 __all__ = ["ArrayJob", "ItemWriter", "Stats", "array_tasks", "verify_array", "BATCH_BYTES", "REGION_BYTES"]
 
-#: Chunks copied as bytes are grouped into tasks of about this many stored bytes.
-BATCH_BYTES = 8 << 20
+#: Chunks copied as bytes are grouped into tasks of about this many bytes; larger chunks are
+#: streamed in pieces of this size (memory per task stays about this much).
+BATCH_BYTES = 4 << 20
 #: Largest region decoded at once when chunk shapes change (unless one chunk is larger).
-REGION_BYTES = 64 << 20
+REGION_BYTES = 32 << 20
 
 
 class ItemWriter(Protocol):
@@ -44,6 +46,9 @@ class ItemWriter(Protocol):
 
     def encode(self, spec: ArraySpec, key: str, view: np.ndarray) -> None:
         """Encode and store one chunk."""
+
+    def open_value(self, key: str) -> Sink:
+        """A streaming writer for one value."""
 
 
 @dataclasses.dataclass
@@ -120,6 +125,60 @@ def _copy_chunks(job: ArrayJob, src_kv: KvStore, writer: ItemWriter, coords: lis
               **({"chunks_bytes": n} if job.how == "bytes" else {"chunks_rewrapped": n}))
 
 
+def _pieces(src_kv: KvStore, key: str, start: int, stop: int | None) -> Iterator[bytes]:
+    """The bytes ``[start, stop)`` of a value (``stop=None``: to its end) in reads of at most
+    :data:`BATCH_BYTES`."""
+    pos = start
+    while stop is None or pos < stop:
+        end = pos + BATCH_BYTES if stop is None else min(stop, pos + BATCH_BYTES)
+        data = src_kv.get(key, (pos, end))
+        if data is None:
+            raise CorruptionError(f"chunk {key!r} vanished while it was copied", path=src_kv.url)
+        if data:
+            yield data
+        short = len(data) < end - pos
+        pos += len(data)
+        if short:  # the end of the value
+            if stop is not None:
+                raise CorruptionError(f"chunk {key!r} is shorter than its shard index says", path=src_kv.url)
+            return
+
+
+def _stream_chunk(job: ArrayJob, src_kv: KvStore, writer: ItemWriter, c: tuple[int, ...], stats: Stats,
+                  lock: threading.Lock) -> None:
+    """Copy one large chunk in pieces (bytes or rewrapped), never whole in memory."""
+    key = f"{job.param}/{job.meta.chunk_key(c)}"
+    if job.how == "bytes" or job.src.zarr_format == 2:
+        start, stop = 0, None
+        if src_kv.get(key, (0, 0)) is None:
+            return  # absent in the source: absent in the copy
+    else:
+        tail = src_kv.get(key, (-TRAILER, None))
+        if tail is None:
+            return
+        frame = unwrap_frame(tail, 3, key, suffix=True)
+        if frame is None:
+            return
+        start, stop = frame
+    dkey = key if job.how == "bytes" else job.spec.chunk_key(c)
+    out = writer.open_value(dkey)
+    crc = n = 0
+    try:
+        for piece in _pieces(src_kv, key, start, stop):
+            out.write(piece)
+            crc = crc32c(piece, crc)
+            n += len(piece)
+        if job.how == "rewrap" and job.spec.zarr_format == 3:
+            out.write(wrap_frame(b"", 3, length=n)[1])
+        out.close()
+    except BaseException:
+        out.abort()
+        raise
+    with lock:
+        job.crcs[dkey] = (crc, 0 if job.how == "bytes" else job.spec.zarr_format)
+    stats.add(bytes_read=n, **({"chunks_bytes": 1} if job.how == "bytes" else {"chunks_rewrapped": 1}))
+
+
 def _region_shape(src: SourceEncoding, spec: ArraySpec) -> tuple[int, ...]:
     """A region aligned to both grids (the least common multiple of the chunks), or the
     destination chunk when that would be too large."""
@@ -165,6 +224,10 @@ def array_tasks(job: ArrayJob, reader: Any, src_kv: KvStore, writer: ItemWriter,
             yield functools.partial(_encode_region, job, reader, writer, origin, sl, stats)
         return
     chunk_bytes = max(1, math.prod(job.src.chunk_shape) * job.src.dtype.itemsize)
+    if chunk_bytes > BATCH_BYTES:
+        for c in _grid(job.src.shape, job.src.chunk_shape):
+            yield functools.partial(_stream_chunk, job, src_kv, writer, tuple(c), stats, lock)
+        return
     per_task = max(1, BATCH_BYTES // chunk_bytes)
     batch: list[tuple[int, ...]] = []
     for c in _grid(job.src.shape, job.src.chunk_shape) if job.src.shape else [()]:

@@ -17,7 +17,7 @@ import dataclasses
 import math
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -173,8 +173,21 @@ def strategy(src: SourceEncoding, dst: ArraySpec, forced_compression: bool) -> s
     return "bytes" if src.zarr_format == dst.zarr_format else "rewrap"
 
 
-def unwrap_frame(value: bytes | memoryview, zarr_format: int, where: str) -> memoryview | None:
-    """The frame inside a stored chunk (``None``: a Zarr v3 chunk whose inner chunk is absent)."""
+@overload
+def unwrap_frame(value: bytes | memoryview, zarr_format: int, where: str) -> memoryview | None: ...
+
+
+@overload
+def unwrap_frame(value: bytes | memoryview, zarr_format: int, where: str, *, suffix: bool
+                 ) -> tuple[int, int] | None: ...
+
+
+def unwrap_frame(value: bytes | memoryview, zarr_format: int, where: str, *, suffix: bool = False) -> Any:
+    """The frame inside a stored chunk (``None``: a Zarr v3 chunk whose inner chunk is absent).
+
+    ``suffix=True``: ``value`` is only the chunk's last :data:`TRAILER` bytes (the shard
+    index); returns the frame's ``(start, stop)`` in the chunk instead.
+    """
     mv = memoryview(value)
     if zarr_format == 2:
         return mv
@@ -186,14 +199,18 @@ def unwrap_frame(value: bytes | memoryview, zarr_format: int, where: str) -> mem
     off, n = _INDEX.unpack(index)
     if off == _MISSING and n == _MISSING:
         return None
+    if suffix:
+        return off, off + n
     if off + n > len(mv) - TRAILER:
         raise CorruptionError(f"chunk {where}: shard index points past the chunk", path=where)
     return mv[off:off + n]
 
 
-def wrap_frame(frame: bytes | memoryview, zarr_format: int) -> list[bytes | memoryview]:
-    """The parts of a stored chunk holding ``frame``."""
+def wrap_frame(frame: bytes | memoryview, zarr_format: int, *, length: int | None = None
+               ) -> list[bytes | memoryview]:
+    """The parts of a stored chunk holding ``frame`` (``length``: the frame's length when it
+    is streamed separately; the second part is then the shard index to append)."""
     if zarr_format == 2:
         return [frame]
-    index = _INDEX.pack(0, memoryview(frame).nbytes)
+    index = _INDEX.pack(0, memoryview(frame).nbytes if length is None else length)
     return [frame, index + crc32c(index).to_bytes(4, "little")]

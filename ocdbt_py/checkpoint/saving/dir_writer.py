@@ -52,6 +52,28 @@ class _FileValue:
         return b""
 
 
+class _FileStream:
+    """One file of a :class:`DirWriter` written in pieces."""
+
+    def __init__(self, writer: DirWriter, key: str):
+        self.writer = writer
+        self.key = key
+        self.sink = open_sink(writer.kv, key, sync=writer.sync)
+        self.n = 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        n = self.sink.write(data)
+        self.n += n
+        return n
+
+    def close(self) -> None:
+        self.sink.close()
+        self.writer._note(self.key, self.n)
+
+    def abort(self) -> None:
+        self.sink.abort()
+
+
 class DirWriter:
     """Writes this process's keys of one item as files below ``item_kv``.
 
@@ -81,14 +103,9 @@ class DirWriter:
         self.kv.set_parts(key, parts)
         self._note(key, sum(memoryview(p).nbytes for p in parts))
 
-    def open_value(self, key: str) -> Sink:
-        """A streaming writer for ``key`` (a large chunk copied as bytes); the caller closes it
-        and then calls :meth:`note`."""
-        return open_sink(self.kv, key, sync=self.sync)
-
-    def note(self, key: str, n: int) -> None:
-        """Record a value written through :meth:`open_value`."""
-        self._note(key, n)
+    def open_value(self, key: str) -> _FileStream:
+        """A streaming writer for one value (``write`` pieces, then ``close``; ``abort`` on failure)."""
+        return _FileStream(self, key)
 
     def encode(self, spec: ArraySpec, key: str, view: np.ndarray) -> None:
         """Encode one chunk into its file."""

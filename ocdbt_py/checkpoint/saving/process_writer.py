@@ -102,6 +102,10 @@ class ProcessWriter:
             sink.write(p)
         self._add(key, sink.finish())
 
+    def open_value(self, key: str) -> _ValueStream:
+        """A streaming writer for one value (``write`` pieces, then ``close``; ``abort`` on failure)."""
+        return _ValueStream(self, key)
+
     def encode(self, spec: ArraySpec, key: str, view: np.ndarray) -> None:
         """Encode one chunk now (in the calling thread)."""
         if view.nbytes <= ONE_SHOT_BYTES:
@@ -194,6 +198,24 @@ class ProcessWriter:
             return None
         return write_database(self.kv, self.entries, orbax_config(),
                               target_data_file_size=self.target_data_file_size)
+
+
+class _ValueStream:
+    """One value of a :class:`ProcessWriter` written in pieces (contiguous in a data file)."""
+
+    def __init__(self, writer: ProcessWriter, key: str):
+        self.writer = writer
+        self.key = key
+        self.sink = ValueSink(writer.pool, INLINE_LIMIT)
+
+    def write(self, data: bytes | memoryview) -> int:
+        return self.sink.write(data)
+
+    def close(self) -> None:
+        self.writer._add(self.key, self.sink.finish())
+
+    def abort(self) -> None:
+        self.sink._abandon()
 
 
 def run_bounded(tasks: Iterable[Callable[[], None]], workers: int) -> None:
