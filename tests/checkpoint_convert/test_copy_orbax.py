@@ -142,6 +142,12 @@ def test_layouts_and_chunk_paths(converted: tuple[dict[str, Any], Path, dict[str
     # per-parameter -> OCDBT Zarr v3 keeps the compressed frames (no decode), and the reverse
     assert summaries["pp2_to_ocdbt3"]["chunks_rewrapped"] > 0 and summaries["pp2_to_ocdbt3"]["chunks_encoded"] == 0
     assert summaries["oc3_to_pp2"]["chunks_rewrapped"] > 0 and summaries["oc3_to_pp2"]["chunks_encoded"] == 0
+    # a new zstd level alone: frames decompressed and compressed as streams, nothing decoded
+    s = summaries["pp2_zstd7_zarr3"]
+    assert s["chunks_transcoded"] > 0 and s["chunks_encoded"] == 0
+    zarr_json = json.loads((out / "pp2_zstd7_zarr3" / "params.kernel" / "zarr.json").read_text())
+    assert zarr_json["codecs"][0]["configuration"]["codecs"][1] == {"name": "zstd",
+                                                                    "configuration": {"level": 7, "checksum": False}}
     # without options: bytes
     s = summaries["pp2_same"]
     assert s["chunks_bytes"] > 0 and s["chunks_rewrapped"] == s["chunks_encoded"] == 0

@@ -101,6 +101,8 @@ def test_resume_skips_copied_steps(tmp_path: Path) -> None:
     root, out = tmp_path / "root", tmp_path / "out"
     for step in (1, 2, 3):
         save(root / str(step), {"state": _tree(), "meta": JsonItem({"step": step})}, composite=True)
+    (root / "metadata").mkdir()
+    (root / "metadata" / "_ROOT_METADATA").write_text('{"custom_metadata": {"run": 7}}')
 
     def progress(done: int, total: int, unit: str) -> None:
         if unit == "2" and done > 0:
@@ -108,10 +110,11 @@ def test_resume_skips_copied_steps(tmp_path: Path) -> None:
 
     with pytest.raises(_Stop):
         copy(root, out, use_zarr3=True, progress=progress)
-    assert sorted(p.name for p in out.iterdir()) == ["1", "2.orbax-checkpoint-tmp"]
+    assert sorted(p.name for p in out.iterdir()) == ["1", "2.orbax-checkpoint-tmp", "metadata"]
     s = copy(root, out, use_zarr3=True, resume=True)
     assert [u["status"] for u in s["units"]] == ["skipped", "resumed", "copied"]
-    assert sorted(p.name for p in out.iterdir()) == ["1", "2", "3"]
+    assert sorted(p.name for p in out.iterdir()) == ["1", "2", "3", "metadata"]
+    assert (out / "metadata" / "_ROOT_METADATA").read_bytes() == (root / "metadata" / "_ROOT_METADATA").read_bytes()
     got = restore(out)  # the latest step, every item
     _same(got["state"], _tree())
     assert got["meta"] == {"step": 3}
@@ -165,10 +168,20 @@ def test_large_chunks_are_streamed(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         s = copy(tmp_path / src, tmp_path / name, verify=True, **kw)
         assert s[kind] == 2 and s["chunks_encoded"] == 0
         _same(restore(tmp_path / name), tree)
+    s = copy(tmp_path / "a", tmp_path / "t", compression="zstd:9", use_zarr3=False, verify=True)
+    assert s["chunks_transcoded"] == 2 and s["chunks_encoded"] == 0
+    _same(restore(tmp_path / "t"), tree)
+    s = copy(tmp_path / "t", tmp_path / "u", compression="none", use_ocdbt=False, verify=True)
+    assert s["chunks_transcoded"] == 2
+    _same(restore(tmp_path / "u"), tree)
     # a damaged shard index is refused, not copied
-    chunk = next((tmp_path / "a" / "ocdbt.process_0" / "d").iterdir())
+    import ocdbt_py
+
+    loc = next(e.location for e in ocdbt_py.open(str(tmp_path / "a" / "ocdbt.process_0")).entries()
+               if e.key == b"w/c/0/0")
+    chunk = tmp_path / "a" / "ocdbt.process_0" / loc.file.relative_path.decode()
     data = bytearray(chunk.read_bytes())
-    data[-1] ^= 0xFF
+    data[loc.offset + loc.length - 1] ^= 0xFF  # the shard index's CRC-32C
     chunk.write_bytes(bytes(data))
     with pytest.raises(OcdbtError):
         copy(tmp_path / "a", tmp_path / "f", use_zarr3=False)

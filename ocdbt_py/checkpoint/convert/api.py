@@ -20,7 +20,7 @@ from ocdbt_py.checkpoint.convert.arrays import Stats
 from ocdbt_py.checkpoint.convert.encoding import Target, cast_dtype
 from ocdbt_py.checkpoint.convert.item import ItemCopy, ItemOptions, copy_files
 from ocdbt_py.checkpoint.convert.journal import JOURNAL_DIR, Journal
-from ocdbt_py.checkpoint.layout import TMP_SUFFIX, Kind, classify, list_steps
+from ocdbt_py.checkpoint.layout import TMP_SUFFIX, Kind, classify, list_steps, parse_step_name
 from ocdbt_py.checkpoint.saving import layout_writer
 from ocdbt_py.checkpoint.saving.atomic import Destination, open_destination
 from ocdbt_py.checkpoint.saving.chunking import DEFAULT_TARGET_DATA_FILE_SIZE, GCS_TARGET_DATA_FILE_SIZE
@@ -184,14 +184,25 @@ def _copy_unit(src_kv: KvStore, kind: Kind, dst: Any, opts: ItemOptions, *, forc
         unit.run(dest, journal, stats, advance)
         journal.remove()
         unit.write_markers(dest)
-        if kind == Kind.PYTREE or kind == Kind.STEP or _MARKER not in dest.write_kv.list_dir("")[1]:
-            dest.write_kv.set(_MARKER, layout_writer.commit_marker(dest.display))
+        dest.write_kv.set(_MARKER, layout_writer.commit_marker(dest.display))
         if opts.sync:
             dest.sync()
         dest.commit(sync=opts.sync)
     finally:
         unit.close()
     return "resumed" if resumed else "copied"
+
+
+def _copy_root_files(src_kv: KvStore, dst: Any, storage_options: dict[str, Any] | None) -> int:
+    """A manager root's own files (``metadata/_ROOT_METADATA``...), as bytes."""
+    dirs, keys = src_kv.list_dir("")
+    for d in dirs:
+        if parse_step_name(d) is None and TMP_SUFFIX not in d:
+            keys.extend(src_kv.list(d + "/"))
+    if not keys:
+        return 0
+    dst_kv = dst if isinstance(dst, KvStore) else open_kvstore(os.fspath(dst), storage_options)
+    return copy_files(src_kv, dst_kv, keys)
 
 
 def _units(src_kv: KvStore, dst: Any, steps: Iterable[int] | None) -> list[tuple[KvStore, Kind, Any, str]]:
@@ -281,7 +292,10 @@ def copy(
     src_kv = src if isinstance(src, KvStore) else open_kvstore(os.fspath(src), so, read_only=True)
     stats = Stats()
     units = []
-    for sub, kind, where, label in _units(src_kv, dst, steps):
+    plan = _units(src_kv, dst, steps)
+    if plan and plan[0][3]:  # a manager root
+        stats.add(bytes_written=_copy_root_files(src_kv, dst, dso))
+    for sub, kind, where, label in plan:
         status = _copy_unit(sub, kind, where, opts, force=force, resume=resume, storage_options=dso,
                             stats=stats, progress=progress, label=label)
         units.append({"name": label, "kind": kind.value, "status": status})

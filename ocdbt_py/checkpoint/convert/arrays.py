@@ -9,24 +9,33 @@ what it needs.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import itertools
 import math
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from ocdbt_py.checkpoint.convert.encoding import TRAILER, SourceEncoding, unwrap_frame, wrap_frame
+from ocdbt_py.checkpoint.convert.encoding import (
+    TRAILER,
+    SourceEncoding,
+    Transcoder,
+    raw_crc,
+    unwrap_frame,
+    wrap_frame,
+)
 from ocdbt_py.checkpoint.saving.arrays import ArraySpec, chunk_regions
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.envelope import crc32c
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.sinks import Sink
 
-__all__ = ["ArrayJob", "ItemWriter", "Stats", "array_tasks", "verify_array", "BATCH_BYTES", "REGION_BYTES"]
+__all__ = ["ArrayJob", "ItemWriter", "Stats", "array_tasks", "run_budgeted", "verify_array", "BATCH_BYTES",
+           "REGION_BYTES"]
 
 #: Chunks copied as bytes are grouped into tasks of about this many bytes; larger chunks are
 #: streamed in pieces of this size (memory per task stays about this much).
@@ -59,6 +68,7 @@ class Stats:
     arrays_resumed: int = 0
     chunks_bytes: int = 0
     chunks_rewrapped: int = 0
+    chunks_transcoded: int = 0
     chunks_encoded: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
@@ -85,8 +95,9 @@ class ArrayJob:
     src: SourceEncoding
     spec: ArraySpec
     how: str  # "bytes", "rewrap" or "encode"
-    #: destination key -> (CRC-32C of the copied frame or value, Zarr format to unwrap or 0)
-    crcs: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    #: destination key -> (CRC-32C, Zarr format to unwrap or 0, 1 if the CRC is of the decoded
+    #: bytes (transcoded) else of the frame or value itself)
+    crcs: dict[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -98,31 +109,76 @@ def _grid(shape: Sequence[int], chunk: Sequence[int]) -> Iterator[tuple[int, ...
     return itertools.product(*(range(-(-s // c)) for s, c in zip(shape, chunk)))
 
 
-def _copy_chunks(job: ArrayJob, src_kv: KvStore, writer: ItemWriter, coords: list[tuple[int, ...]],
-                 stats: Stats, lock: threading.Lock) -> None:
-    keys = [f"{job.param}/{job.meta.chunk_key(c)}" for c in coords]
-    values = [src_kv.get(k) for k in keys]  # tasks run in parallel already
-    read = 0
-    for c, key, value in zip(coords, keys, values):
+def _frame_pieces(job: ArrayJob, src_kv: KvStore, key: str, small: bool) -> Iterable[bytes | memoryview] | None:
+    """The source chunk's bytes to move (the whole value for ``"bytes"``, else its frame):
+    one read for a small chunk, range reads of :data:`BATCH_BYTES` otherwise; ``None`` when
+    the source does not store the chunk (it stays absent in the copy)."""
+    whole = job.how == "bytes"
+    if small:
+        value = src_kv.get(key)
         if value is None:
-            continue  # a chunk the source does not store stays absent (fill value)
-        read += len(value)
-        if job.how == "bytes":
-            writer.put(key, value)
-            crc, fmt = crc32c(value), 0
-        else:
-            frame = unwrap_frame(value, job.src.zarr_format, key)
-            if frame is None:
-                continue  # an absent inner chunk: absent in the copy too
-            dkey = job.spec.chunk_key(c)
-            parts = wrap_frame(frame, job.spec.zarr_format)
+            return None
+        frame = value if whole else unwrap_frame(value, job.src.zarr_format, key)
+        return None if frame is None else [frame]
+    if whole or job.src.zarr_format == 2:
+        return None if src_kv.get(key, (0, 0)) is None else _pieces(src_kv, key, 0, None)
+    tail = src_kv.get(key, (-TRAILER, None))
+    rng = None if tail is None else unwrap_frame(tail, 3, key, suffix=True)
+    return None if rng is None else _pieces(src_kv, key, rng[0], rng[1])
+
+
+def _move_chunk(job: ArrayJob, src_kv: KvStore, writer: ItemWriter, c: tuple[int, ...], small: bool,
+                lock: threading.Lock) -> int:
+    """Copy, rewrap or transcode one chunk (small: in memory; else streamed); bytes read."""
+    key = f"{job.param}/{job.meta.chunk_key(c)}"
+    pieces = _frame_pieces(job, src_kv, key, small)
+    if pieces is None:
+        return 0
+    dkey = key if job.how == "bytes" else job.spec.chunk_key(c)
+    tc = Transcoder(job.src, job.spec) if job.how == "transcode" else None
+    parts: list[bytes | memoryview] = []
+    out = None if small else writer.open_value(dkey)
+    emit = parts.append if out is None else out.write
+    crc = read = size = 0
+    try:
+        for piece in pieces:
+            read += len(piece)
+            if tc is not None:
+                piece = tc.feed(piece)
+            else:
+                crc = crc32c(piece, crc)
+            if len(piece):
+                emit(piece)
+                size += len(piece)
+        if tc is not None:
+            rest = tc.finish()
+            if rest:
+                emit(rest)
+                size += len(rest)
+        if job.how != "bytes" and job.spec.zarr_format == 3:
+            emit(wrap_frame(b"", 3, length=size)[1])
+        if out is None:
             writer.put_parts(dkey, parts)
-            crc, fmt, key = crc32c(frame), job.spec.zarr_format, dkey
-        with lock:
-            job.crcs[key] = (crc, fmt)
-    n = len(coords)
-    stats.add(bytes_read=read,
-              **({"chunks_bytes": n} if job.how == "bytes" else {"chunks_rewrapped": n}))
+        else:
+            out.close()
+    except BaseException:
+        if out is not None:
+            out.abort()
+        raise
+    record = (tc.raw_crc, job.spec.zarr_format, 1) if tc is not None else (
+        crc, 0 if job.how == "bytes" else job.spec.zarr_format, 0)
+    with lock:
+        job.crcs[dkey] = record
+    return read
+
+
+_COUNTER = {"bytes": "chunks_bytes", "rewrap": "chunks_rewrapped", "transcode": "chunks_transcoded"}
+
+
+def _move_chunks(job: ArrayJob, src_kv: KvStore, writer: ItemWriter, coords: list[tuple[int, ...]], small: bool,
+                 stats: Stats, lock: threading.Lock) -> None:
+    read = sum(_move_chunk(job, src_kv, writer, c, small, lock) for c in coords)
+    stats.add(bytes_read=read, **{_COUNTER[job.how]: len(coords)})
 
 
 def _pieces(src_kv: KvStore, key: str, start: int, stop: int | None) -> Iterator[bytes]:
@@ -142,41 +198,6 @@ def _pieces(src_kv: KvStore, key: str, start: int, stop: int | None) -> Iterator
             if stop is not None:
                 raise CorruptionError(f"chunk {key!r} is shorter than its shard index says", path=src_kv.url)
             return
-
-
-def _stream_chunk(job: ArrayJob, src_kv: KvStore, writer: ItemWriter, c: tuple[int, ...], stats: Stats,
-                  lock: threading.Lock) -> None:
-    """Copy one large chunk in pieces (bytes or rewrapped), never whole in memory."""
-    key = f"{job.param}/{job.meta.chunk_key(c)}"
-    if job.how == "bytes" or job.src.zarr_format == 2:
-        start, stop = 0, None
-        if src_kv.get(key, (0, 0)) is None:
-            return  # absent in the source: absent in the copy
-    else:
-        tail = src_kv.get(key, (-TRAILER, None))
-        if tail is None:
-            return
-        frame = unwrap_frame(tail, 3, key, suffix=True)
-        if frame is None:
-            return
-        start, stop = frame
-    dkey = key if job.how == "bytes" else job.spec.chunk_key(c)
-    out = writer.open_value(dkey)
-    crc = n = 0
-    try:
-        for piece in _pieces(src_kv, key, start, stop):
-            out.write(piece)
-            crc = crc32c(piece, crc)
-            n += len(piece)
-        if job.how == "rewrap" and job.spec.zarr_format == 3:
-            out.write(wrap_frame(b"", 3, length=n)[1])
-        out.close()
-    except BaseException:
-        out.abort()
-        raise
-    with lock:
-        job.crcs[dkey] = (crc, 0 if job.how == "bytes" else job.spec.zarr_format)
-    stats.add(bytes_read=n, **({"chunks_bytes": 1} if job.how == "bytes" else {"chunks_rewrapped": 1}))
 
 
 def _region_shape(src: SourceEncoding, spec: ArraySpec) -> tuple[int, ...]:
@@ -216,39 +237,69 @@ def _encode_region(job: ArrayJob, reader: Any, writer: ItemWriter, origin: tuple
 
 
 def array_tasks(job: ArrayJob, reader: Any, src_kv: KvStore, writer: ItemWriter, stats: Stats,
-                ) -> Iterator[Callable[[], None]]:
-    """Tasks copying every chunk of ``job`` (each bounded, see the module docstring)."""
+                ) -> Iterator[tuple[int, Callable[[], None]]]:
+    """``(memory cost, task)`` copying every chunk of ``job`` (each bounded, see the module
+    docstring)."""
     lock = threading.Lock()
     if job.how == "encode":
         for origin, sl in regions(job):
-            yield functools.partial(_encode_region, job, reader, writer, origin, sl, stats)
+            n = math.prod(x.stop - x.start for x in sl) if sl else 1
+            cost = n * (job.src.dtype.itemsize + job.spec.dtype.itemsize)
+            yield cost, functools.partial(_encode_region, job, reader, writer, origin, sl, stats)
         return
     chunk_bytes = max(1, math.prod(job.src.chunk_shape) * job.src.dtype.itemsize)
+    grid = _grid(job.src.shape, job.src.chunk_shape) if job.src.shape else iter([()])
     if chunk_bytes > BATCH_BYTES:
-        for c in _grid(job.src.shape, job.src.chunk_shape):
-            yield functools.partial(_stream_chunk, job, src_kv, writer, tuple(c), stats, lock)
+        cost = BATCH_BYTES * (3 if job.how == "transcode" else 1)
+        for c in grid:
+            yield cost, functools.partial(_move_chunks, job, src_kv, writer, [tuple(c)], False, stats, lock)
         return
     per_task = max(1, BATCH_BYTES // chunk_bytes)
     batch: list[tuple[int, ...]] = []
-    for c in _grid(job.src.shape, job.src.chunk_shape) if job.src.shape else [()]:
+    for c in grid:
         batch.append(tuple(c))
         if len(batch) >= per_task:
-            yield functools.partial(_copy_chunks, job, src_kv, writer, batch, stats, lock)
+            yield len(batch) * chunk_bytes, functools.partial(_move_chunks, job, src_kv, writer, batch, True,
+                                                              stats, lock)
             batch = []
     if batch:
-        yield functools.partial(_copy_chunks, job, src_kv, writer, batch, stats, lock)
+        yield len(batch) * chunk_bytes, functools.partial(_move_chunks, job, src_kv, writer, batch, True, stats, lock)
+
+
+def run_budgeted(tasks: Iterable[tuple[int, Callable[[], None]]], workers: int, budget: int) -> None:
+    """Run tasks on ``workers`` threads while the memory costs of those in flight stay within
+    ``budget`` (a task costlier than the budget runs alone); the first error is raised."""
+    with concurrent.futures.ThreadPoolExecutor(max(1, workers), thread_name_prefix="ocdbt-cp") as ex:
+        pending: dict[concurrent.futures.Future[None], int] = {}
+        used = 0
+        try:
+            for cost, fn in tasks:
+                while pending and (used + cost > budget or len(pending) >= 2 * workers):
+                    done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                    for f in done:
+                        used -= pending.pop(f)
+                        f.result()
+                pending[ex.submit(fn)] = cost
+                used += cost
+            for f in concurrent.futures.as_completed(list(pending)):
+                f.result()
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise
 
 
 def verify_array(job: ArrayJob, src_reader: Any, dst_reader: Any, dst_kv: KvStore) -> None:
     """Compare the copy with the source: CRCs of chunks moved as bytes (re-read from the
     destination), every value of re-encoded arrays (region by region)."""
     if job.how != "encode":
-        for key, (crc, fmt) in job.crcs.items():
+        for key, (crc, fmt, raw) in job.crcs.items():
             value = dst_kv.get(key)
             if value is None:
                 raise CorruptionError(f"verify: {key!r} is missing from the copy", path=dst_kv.url)
             frame = value if fmt == 0 else unwrap_frame(value, fmt, key)
-            if frame is None or crc32c(frame) != crc:
+            got = None if frame is None else raw_crc(frame, job.spec.compression) if raw else crc32c(frame)
+            if got != crc:
                 raise CorruptionError(f"verify: {key!r} differs from the source (CRC-32C)", path=dst_kv.url)
         return
     for _, sl in regions(job):

@@ -7,8 +7,10 @@ Three ways to move a chunk, cheapest first:
 * ``"rewrap"``: only the Zarr version changes, and both sides hold one compressed (or raw)
   frame per chunk: the frame is kept and only its wrapping changes (a Zarr v3 chunk is the
   frame followed by the 16-byte shard index and its CRC-32C; a Zarr v2 chunk is the frame);
-* ``"encode"``: anything else (new chunk shape, data type, compression): chunks are decoded
-  and encoded again, a region aligned to both chunk grids at a time.
+* ``"transcode"``: only the compression changes (zstd level, zstd <-> none, and maybe the
+  Zarr version): each frame is decompressed and compressed again as a stream;
+* ``"encode"``: anything else (new chunk shape or data type): chunks are decoded and encoded
+  again, a region aligned to both chunk grids at a time.
 """
 
 from __future__ import annotations
@@ -163,14 +165,57 @@ def target_spec(param: str, src: SourceEncoding, write_shape: Sequence[int] | No
 
 
 def strategy(src: SourceEncoding, dst: ArraySpec, forced_compression: bool) -> str:
-    """``"bytes"``, ``"rewrap"`` or ``"encode"`` (module docstring)."""
+    """``"bytes"``, ``"rewrap"``, ``"transcode"`` or ``"encode"`` (module docstring)."""
     if src.compression == "other" or src.chunk_shape != dst.chunk_shape or src.dtype != dst.dtype:
         return "encode"
     same_codec = (src.compression == "none" and not dst.compression) or (
         src.compression == "zstd" and dst.compression and (not forced_compression or src.level == dst.zstd_level))
     if not same_codec:
-        return "encode"
+        return "transcode"
     return "bytes" if src.zarr_format == dst.zarr_format else "rewrap"
+
+
+class Transcoder:
+    """Streams one frame from the source codec to the destination's (zstd or none), counting
+    the CRC-32C of the raw bytes in between."""
+
+    def __init__(self, src: SourceEncoding, dst: ArraySpec):
+        import zstandard
+
+        raw_size = math.prod(dst.chunk_shape) * dst.dtype.itemsize
+        self._d = zstandard.ZstdDecompressor().decompressobj() if src.compression == "zstd" else None
+        level = dst.zstd_level
+        self._c = (zstandard.ZstdCompressor(level=level, write_checksum=False).compressobj(size=raw_size)
+                   if level is not None else None)
+        self.raw_crc = 0
+        self.raw_bytes = 0
+
+    def feed(self, piece: bytes | memoryview) -> bytes | memoryview:
+        """Source frame bytes in, destination frame bytes out."""
+        raw = self._d.decompress(piece) if self._d is not None else piece
+        self.raw_crc = crc32c(raw, self.raw_crc)
+        self.raw_bytes += len(raw)
+        return self._c.compress(raw) if self._c is not None else raw
+
+    def finish(self) -> bytes:
+        """The rest of the destination frame."""
+        if self._d is not None and not self._d.eof:
+            raise CorruptionError("a zstd frame of the source ends early")
+        return self._c.flush() if self._c is not None else b""
+
+
+def raw_crc(frame: bytes | memoryview, compressed: bool) -> int:
+    """CRC-32C of a frame's decoded bytes (decompressed in pieces)."""
+    if not compressed:
+        return crc32c(frame)
+    import zstandard
+
+    d = zstandard.ZstdDecompressor().decompressobj()
+    crc = 0
+    mv = memoryview(frame)
+    for start in range(0, len(mv), 4 << 20):
+        crc = crc32c(d.decompress(mv[start:start + (4 << 20)]), crc)
+    return crc
 
 
 @overload

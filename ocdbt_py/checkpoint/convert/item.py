@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from ocdbt_py.checkpoint.convert.arrays import ArrayJob, Stats, array_tasks, verify_array
+from ocdbt_py.checkpoint.convert.arrays import ArrayJob, Stats, array_tasks, run_budgeted, verify_array
 from ocdbt_py.checkpoint.convert.encoding import Target, source_encoding, strategy, target_spec
 from ocdbt_py.checkpoint.convert.journal import Journal, decode_entries, encode_entries
 from ocdbt_py.checkpoint.jsonio import parse_json, read_bytes
@@ -27,7 +27,7 @@ from ocdbt_py.checkpoint.restore.item import PyTreeItem
 from ocdbt_py.checkpoint.saving import layout_writer
 from ocdbt_py.checkpoint.saving.dir_writer import DirWriter
 from ocdbt_py.checkpoint.saving.merge import collect_children, write_root
-from ocdbt_py.checkpoint.saving.process_writer import ProcessWriter, run_bounded
+from ocdbt_py.checkpoint.saving.process_writer import ProcessWriter
 from ocdbt_py.format.data_file_table import IndirectDataReference
 from ocdbt_py.kvstore.base import KvStore
 
@@ -36,6 +36,8 @@ __all__ = ["ItemOptions", "ItemCopy", "copy_files", "selected"]
 #: A batch of arrays is recorded in the journal once about this much has been copied.
 FLUSH_BYTES = 256 << 20
 FLUSH_ARRAYS = 1024
+#: Memory budget of the chunks in flight, per worker thread.
+MEMORY_PER_WORKER = 16 << 20
 _METADATA_FILES = (layout_writer.TREE_METADATA, layout_writer.COMMIT_MARKER)
 
 
@@ -122,7 +124,7 @@ class ItemCopy:
                 progress(j.nbytes)
                 if isinstance(writer, ProcessWriter):
                     writer.entries.update(decode_entries(done[j.param]["entries"]))
-                j.crcs.update({k: (int(c), int(f)) for k, (c, f) in done[j.param].get("crcs", {}).items()})
+                j.crcs.update({k: (int(c), int(f), int(r)) for k, (c, f, r) in done[j.param].get("crcs", {}).items()})
         try:
             for batch in _batches(todo):
                 self._copy_batch(batch, writer, dst_kv, journal, stats, progress)
@@ -152,12 +154,13 @@ class ItemCopy:
             else:
                 writer.put(j.spec.metadata_key, j.spec.metadata_bytes())
 
-        def tasks() -> Iterator[Callable[[], None]]:
+        def tasks() -> Iterator[tuple[int, Callable[[], None]]]:
             for j in batch:
                 yield from array_tasks(j, reader, src_kv, writer, stats)
-                yield functools.partial(progress, j.nbytes)
+                yield 0, functools.partial(progress, j.nbytes)
 
-        run_bounded(tasks(), self.opts.workers)
+        workers = self.opts.workers
+        run_budgeted(tasks(), workers, workers * MEMORY_PER_WORKER)
         stats.add(arrays=len(batch), logical_bytes=sum(j.nbytes for j in batch))
         records: dict[str, Any] = {}
         if isinstance(writer, ProcessWriter):
