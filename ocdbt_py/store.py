@@ -28,6 +28,7 @@ from ocdbt_py.read.node_reader import NodeReader
 from ocdbt_py.read.snapshot import KeyLike, Snapshot, key_bounds, to_key
 from ocdbt_py.read.version_read import all_versions, find_generation, find_time, read_manifest
 from ocdbt_py.timeutil import format_nanoseconds, to_nanoseconds
+from ocdbt_py.write import open_writer
 from ocdbt_py.write.mutations import ANY as _ANY
 from ocdbt_py.write.transaction import Transaction
 
@@ -512,7 +513,6 @@ def open(
     if mode != "r":
         if version is not None:
             raise UnsupportedError("writing is not supported with version= specified")
-        from ocdbt_py.write import open_writer
 
         kv = open_kvstore(location, storage_options)
         writer = open_writer(kv, config, cache_bytes=cache_bytes)

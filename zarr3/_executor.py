@@ -17,8 +17,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from ocdbt_py.kvstore import KvStore
+from ocdbt_py.kvstore import KvStore, validate_key
 from ocdbt_py.kvstore.base import ByteRange
+from ocdbt_py.pools import dedicated
 
 __all__ = [
     "get_pool",
@@ -71,7 +72,7 @@ def get_pool() -> concurrent.futures.ThreadPoolExecutor:
     global _pool
     with _lock:
         if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=num_threads(), thread_name_prefix="zarr3")
+            _pool = dedicated("compute", num_threads(), name="zarr3")
         return _pool
 
 
@@ -80,7 +81,7 @@ def get_io_pool() -> concurrent.futures.ThreadPoolExecutor:
     global _io_pool
     with _lock:
         if _io_pool is None:
-            _io_pool = concurrent.futures.ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="zarr3-io")
+            _io_pool = dedicated("io", IO_THREADS, name="zarr3-io")
         return _io_pool
 
 
@@ -215,7 +216,6 @@ class LocalFetcher:
         return cls(root, "", max_bytes)
 
     def __call__(self, key: str, byte_range: ByteRange | None) -> Any:
-        from ocdbt_py.kvstore import validate_key
 
         full = validate_key(self.prefix + key)
         path = os.path.join(self.root, *full.split("/"))

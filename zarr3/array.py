@@ -26,6 +26,7 @@ from zarr3.chunk_grid import ChunkKeyEncoding, parse_shape
 from zarr3.codecs import (
     BytesCodec,
     ShardingCodec,
+    TransposeCodec,
     codec_from_dict,
     compressor_from_v2,
 )
@@ -803,7 +804,6 @@ def create(
         else:
             codec_list = [BytesCodec(), *_compressor_v3(compressor)]
             if order == "F" and len(shape_t) > 1:
-                from zarr3.codecs import TransposeCodec
 
                 codec_list.insert(0, TransposeCodec("F"))
         grid = chunk_t

@@ -13,6 +13,7 @@ restore target contains JAX objects.  The on-disk layouts are described in ``spe
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 # Bound eagerly: the subpackage ``checkpoint.restore`` would otherwise replace the function of
@@ -66,7 +67,6 @@ def __getattr__(name: str) -> Any:
     mod = _WHERE.get(name)
     if mod is None:
         raise AttributeError(f"module 'ocdbt_py.checkpoint' has no attribute {name!r}")
-    import importlib
 
     return getattr(importlib.import_module(mod), name)
 

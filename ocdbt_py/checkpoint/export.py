@@ -22,7 +22,7 @@ import numpy as np
 
 from ocdbt_py.checkpoint.dtypes import ML_DTYPE_NAMES, dtype_from_name
 from ocdbt_py.checkpoint.layout import Kind
-from ocdbt_py.checkpoint.meta import item_metadata
+from ocdbt_py.checkpoint.meta import LeafMetadata, item_metadata
 from ocdbt_py.checkpoint.restore.api import PathLike, resolve
 from ocdbt_py.checkpoint.restore.item import ARRAY, INLINE, SCALAR, STRING, Leaf, PyTreeItem
 from ocdbt_py.errors import NotFoundError, UnsupportedError
@@ -157,7 +157,6 @@ def plan(path: PathLike, *, dtype: Any = None, rename: Rename | None = None, ite
 
 
 def _flatten_md(tree: Any, out: dict[str, Any]) -> None:
-    from ocdbt_py.checkpoint.meta import LeafMetadata
 
     stack = [tree]
     while stack:

@@ -11,9 +11,11 @@ import re
 import warnings
 from typing import Any
 
-from ocdbt_py.checkpoint.jsonio import read_json
+from ocdbt_py.checkpoint.jsonio import MAX_JSON_BYTES, read_json
+from ocdbt_py.checkpoint.restore.remoteread import io_pool
 from ocdbt_py.errors import NotFoundError
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.read.version_read import manifest_read_limit
 
 __all__ = [
     "Kind",
@@ -98,8 +100,6 @@ STEP_METADATA_LIMIT = 16 << 20
 def _first_reads() -> tuple[tuple[str, int], ...]:
     """The small files restoring a directory reads first, one after another, each with the
     end of the byte range it is read with (its size limit plus one)."""
-    from ocdbt_py.checkpoint.jsonio import MAX_JSON_BYTES
-    from ocdbt_py.read.version_read import manifest_read_limit
 
     return ((STEP_METADATA, STEP_METADATA_LIMIT + 1), ("_METADATA", MAX_JSON_BYTES + 1),
             ("manifest.ocdbt", manifest_read_limit()), ("_strings.json", MAX_JSON_BYTES + 1))
@@ -326,7 +326,6 @@ def _markers(kv: KvStore, names: list[str]) -> list[bool]:
     """Whether each step directory has its commit marker (looked up concurrently)."""
     if len(names) <= 1:
         return [_step_has_marker(kv, d) for d in names]
-    from ocdbt_py.checkpoint.restore.remoteread import io_pool
 
     futs = [io_pool().submit(_step_has_marker, kv, d) for d in names]
     return [f.result() for f in futs]
@@ -337,7 +336,6 @@ def _listings(kv: KvStore, prefixes: list[str]) -> list[Listing]:
     reached over a network)."""
     if len(prefixes) <= 1:
         return [listing_of(kv, p) for p in prefixes]
-    from ocdbt_py.checkpoint.restore.remoteread import io_pool
 
     futs = [io_pool().submit(listing_of, kv, p) for p in prefixes]
     return [f.result() for f in futs]

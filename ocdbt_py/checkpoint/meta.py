@@ -27,6 +27,7 @@ from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
+from zarr3.dtypes import parse_data_type_v3, parse_dtype_v2
 
 __all__ = ["LeafMetadata", "CheckpointInfo", "metadata", "list_steps", "item_metadata", "describe"]
 
@@ -89,14 +90,12 @@ class CheckpointInfo:
 
 @functools.lru_cache(maxsize=256)
 def _dtype_v2(s: str) -> np.dtype:
-    from zarr3.dtypes import parse_dtype_v2
 
     return parse_dtype_v2(s)[0].dtype
 
 
 @functools.lru_cache(maxsize=256)
 def _dtype_v3(s: str) -> np.dtype:
-    from zarr3.dtypes import parse_data_type_v3
 
     return parse_data_type_v3(s).dtype
 

@@ -12,6 +12,8 @@ from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, NamedTuple, Union, overload
 
+import numpy as np
+
 from ocdbt_py.format.data_file_table import (
     DataFileId,
     IndirectDataReference,
@@ -473,7 +475,6 @@ def _read_keys_numpy(
     ``_MATRIX_SLACK`` times the keys' bytes (plus ``_MATRIX_PER_KEY`` a key) and the shared
     columns are few; otherwise ``None`` hands the node to the loop.
     """
-    import numpy as np
 
     prefix = r.varint_array(n - 1, MAX_KEY_LENGTH, "key prefix length")
     ppos = r.pos
@@ -628,7 +629,6 @@ def _read_leaf_values(r: Reader, n: int, files: list[DataFileId], body: bytes | 
     vector = n >= _VECTOR_ENTRIES
     lengths: list[int] | np.ndarray
     if vector:
-        import numpy as np
 
         lengths = r.varint_array(n, _LIMIT63, "value length")
     else:

@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 from ocdbt_py.errors import ConditionFailedError, StorageError
-from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings
+from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings, redact
 
 __all__ = ["AzureStore"]
 
@@ -77,6 +77,7 @@ class AzureStore(ObjectStore):
         )
 
     async def _get_range(self, bucket: str, name: str, start: int, stop: int | None) -> bytes | None:
+        # optional backend: the [azure] extra
         from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 
         async with self.fs.service_client.get_blob_client(bucket, name) as bc:
@@ -99,6 +100,7 @@ class AzureStore(ObjectStore):
                 raise
 
     async def _object_size(self, bucket: str, name: str) -> int | None:
+        # optional backend: the [azure] extra
         from azure.core.exceptions import ResourceNotFoundError
 
         async with self.fs.service_client.get_blob_client(bucket, name) as bc:
@@ -109,6 +111,7 @@ class AzureStore(ObjectStore):
             return int(props.size)
 
     async def _read_with_generation(self, bucket: str, name: str) -> tuple[bytes | None, str | None]:
+        # optional backend: the [azure] extra
         from azure.core.exceptions import ResourceNotFoundError
 
         async with self.fs.service_client.get_blob_client(bucket, name) as bc:
@@ -120,6 +123,7 @@ class AzureStore(ObjectStore):
             return bytes(data), str(downloader.properties.etag)
 
     async def _write_conditional(self, bucket: str, name: str, data: bytes, if_generation: str | None) -> str:
+        # optional backend: the [azure] extra
         from azure.core.exceptions import (
             HttpResponseError,
             ResourceExistsError,
@@ -147,6 +151,5 @@ class AzureStore(ObjectStore):
 
 def redact_for(storage_options: dict[str, Any] | None, text: str) -> str:
     """``text`` with the secrets in ``storage_options`` removed."""
-    from ocdbt_py.kvstore.object_store import redact
 
     return redact(text, _secret_strings(storage_options or {}))

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Union
 
 from ocdbt_py.errors import ReadOnlyError, UnsupportedError
+from ocdbt_py.pools import map_concurrently
 
 __all__ = ["KvStore", "ByteRange", "ReadRequest", "normalize_request", "slice_range"]
 
@@ -96,9 +97,7 @@ class KvStore(abc.ABC):
         reqs = [normalize_request(r) for r in requests]
         if len(reqs) <= 1:
             return [self.get(k, r) for k, r in reqs]
-        workers = min(_DEFAULT_WORKERS, len(reqs))
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(lambda kr: self.get(kr[0], kr[1]), reqs))
+        return map_concurrently(lambda kr: self.get(kr[0], kr[1]), reqs, purpose="io", limit=_DEFAULT_WORKERS)
 
     def exists(self, key: str) -> bool:
         """Whether ``key`` holds a value."""

@@ -15,6 +15,7 @@ from ocdbt_py.kvstore.base import (
     check_range,
     normalize_request,
 )
+from ocdbt_py.kvstore.coalesce import coalesced_get_many
 from ocdbt_py.kvstore.keys import validate_key, validate_prefix
 
 __all__ = ["FsspecStore"]
@@ -60,6 +61,7 @@ class FsspecStore(KvStore):
         read_only: bool | None = None,
     ) -> FsspecStore:
         """Open the filesystem for ``url`` (any fsspec URL, chained URLs included)."""
+        # optional: fsspec loads its backends on first use
         import fsspec.core
 
         try:
@@ -143,7 +145,6 @@ class FsspecStore(KvStore):
         reqs = [normalize_request(r) for r in requests]
         if len(reqs) <= 1 or not getattr(self.fs, "async_impl", False):
             return super().get_many(reqs)
-        from ocdbt_py.kvstore.coalesce import coalesced_get_many
 
         return coalesced_get_many(
             reqs, self._fetch_concurrently, gap=self.coalesce_gap, max_span=self.coalesce_max_span

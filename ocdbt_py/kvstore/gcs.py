@@ -53,6 +53,7 @@ class GcsStore(ObjectStore):
         """Open ``gs://bucket/prefix``; ``storage_options`` go to :class:`gcsfs.GCSFileSystem`."""
         opts, ours = cls._split_options(storage_options)
         try:
+            # optional: fsspec loads its backends on first use
             import fsspec
             import gcsfs.core
         except ImportError as e:

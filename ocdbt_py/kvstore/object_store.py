@@ -155,6 +155,7 @@ class ObjectStore(FsspecStore, abc.ABC):
         return bucket, name
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        # optional: fsspec loads its backends on first use
         from fsspec.asyn import sync
 
         return sync(self.fs.loop, lambda: coro)  # type: ignore[no-any-return]

@@ -92,6 +92,7 @@ class S3Store(ObjectStore):
         """Open ``s3://bucket/prefix``; ``storage_options`` go to :class:`s3fs.S3FileSystem`."""
         opts, ours = cls._split_options(storage_options)
         try:
+            # optional: fsspec loads its backends on first use
             import fsspec.core
             import s3fs  # noqa: F401
         except ImportError as e:

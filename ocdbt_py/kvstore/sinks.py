@@ -9,9 +9,9 @@ referenced by a manifest written afterwards), so no temporary name is needed.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -20,6 +20,7 @@ from ocdbt_py.errors import StorageError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.keys import validate_key
 from ocdbt_py.kvstore.local import LocalStore
+from ocdbt_py.pools import map_concurrently
 
 __all__ = ["Sink", "open_sink", "DeferredSyncStore"]
 
@@ -101,11 +102,9 @@ class DeferredSyncStore(LocalStore):
             finally:
                 os.close(fd)
 
-        with concurrent.futures.ThreadPoolExecutor(min(workers, len(files))) as ex:
-            list(ex.map(lambda f: sync(f, os.O_RDONLY), files))
+        map_concurrently(lambda f: sync(f, os.O_RDONLY), files, purpose="fsync", limit=workers)
         dflag = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-        with concurrent.futures.ThreadPoolExecutor(min(workers, len(dirs))) as ex:
-            list(ex.map(lambda d: sync(d, dflag), sorted(dirs)))
+        map_concurrently(lambda d: sync(d, dflag), sorted(dirs), purpose="fsync", limit=workers)
         if errors:
             raise StorageError(f"syncing {self.url} failed: {errors[0]}")
 
@@ -116,9 +115,9 @@ _SYNC_FILE_RANGE_WRITE = 2
 
 def _writeback_starter() -> Any:
     """``sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE)`` (Linux), or ``None``."""
+    # platform-specific: Linux only
     import ctypes
     import ctypes.util
-    import sys
 
     if not sys.platform.startswith("linux"):
         return None

@@ -21,6 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ocdbt_py.read.cache import LruCache
+from ocdbt_py.write.commit import Writer
+from ocdbt_py.write.options import parse_options
+
 if TYPE_CHECKING:
     from ocdbt_py.kvstore.base import KvStore
     from ocdbt_py.write.commit import Writer
@@ -36,9 +40,6 @@ def open_writer(
     ``config`` holds TensorStore's config names (constraints on an existing database,
     choices for a new one) and the writer options; see :func:`.options.parse_options`.
     """
-    from ocdbt_py.read.cache import LruCache
-    from ocdbt_py.write.commit import Writer
-    from ocdbt_py.write.options import parse_options
 
     constraints, options = parse_options(config)
     return Writer(kv, constraints, options, LruCache(cache_bytes))

@@ -33,6 +33,7 @@ from ocdbt_py.format.manifest import Manifest, encode_manifest
 from ocdbt_py.format.version_tree import BtreeGenerationReference
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.sinks import Sink, open_sink
+from ocdbt_py.store import OcdbtStore
 from ocdbt_py.write.data_writer import DataWriter
 from ocdbt_py.write.node_encoder import encode_interior_level, encode_leaf_level
 
@@ -290,7 +291,6 @@ def write_database(
 
 def iter_entries(kv: KvStore) -> Iterator[tuple[bytes, StoredValue]]:
     """Every ``(key, inline bytes or reference)`` of the latest version of the database in ``kv``."""
-    from ocdbt_py.store import OcdbtStore
 
     db = OcdbtStore(kv)
     batch: list[tuple[bytes, IndirectDataReference | None]] = []

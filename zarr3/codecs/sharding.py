@@ -43,7 +43,7 @@ def _shape(value: Any, field: str) -> tuple[int, ...]:
 
 
 def _codec_list(value: Any, field: str) -> list[Codec]:
-    from zarr3.codecs import parse_codecs
+    from zarr3.codecs import parse_codecs  # the codec registry imports this module (nested codecs)
 
     return parse_codecs(value, field)
 

@@ -33,6 +33,7 @@ from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.envelope import crc32c
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.sinks import Sink
+from ocdbt_py.pools import dedicated
 
 __all__ = ["ArrayJob", "ItemWriter", "Stats", "array_tasks", "run_budgeted", "verify_array", "BATCH_BYTES",
            "REGION_BYTES"]
@@ -269,7 +270,7 @@ def array_tasks(job: ArrayJob, reader: Any, src_kv: KvStore, writer: ItemWriter,
 def run_budgeted(tasks: Iterable[tuple[int, Callable[[], None]]], workers: int, budget: int) -> None:
     """Run tasks on ``workers`` threads while the memory costs of those in flight stay within
     ``budget`` (a task costlier than the budget runs alone); the first error is raised."""
-    with concurrent.futures.ThreadPoolExecutor(max(1, workers), thread_name_prefix="ocdbt-cp") as ex:
+    with dedicated("save", max(1, workers), name="cp") as ex:
         pending: dict[concurrent.futures.Future[None], int] = {}
         used = 0
         try:

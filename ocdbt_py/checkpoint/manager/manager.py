@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,10 @@ from ocdbt_py.checkpoint.manager.steps import (
 )
 from ocdbt_py.checkpoint.manager.steps import cleanup as cleanup_root
 from ocdbt_py.checkpoint.manager.tier import Tier
+from ocdbt_py.checkpoint.meta import metadata
+from ocdbt_py.checkpoint.restore.api import restore
+from ocdbt_py.checkpoint.saving.api import JsonItem, save
+from ocdbt_py.checkpoint.saving.distributed import _jax_client
 from ocdbt_py.errors import NotFoundError, OcdbtError, ReadOnlyError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
@@ -68,16 +73,15 @@ def default_save_policy() -> sp.AnyOf:
 
 def _process() -> tuple[int, int, Any]:
     """``(index, count, coordination client)`` of this process in a JAX job."""
-    import sys
 
     if "jax" not in sys.modules:
         return 0, 1, None
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
 
     count = int(jax.process_count())
     if count <= 1:
         return 0, 1, None
-    from ocdbt_py.checkpoint.saving.distributed import _jax_client
 
     return int(jax.process_index()), count, _jax_client()
 
@@ -292,7 +296,6 @@ class CheckpointManager(Lifecycle):
 
     def _start_save(self, step: int, items: Mapping[str, Any], metrics: Mapping[str, Any] | None,
                     custom_metadata: Mapping[str, Any] | None) -> None:
-        from ocdbt_py.checkpoint.saving.api import JsonItem, save
 
         tree: dict[str, Any] = dict(items)
         if metrics is not None:
@@ -359,7 +362,6 @@ class CheckpointManager(Lifecycle):
         * ``target``: as :func:`ocdbt_py.checkpoint.restore` (for several items a dict keyed
           by item name) -- JAX targets give sharded ``jax.Array`` leaves.
         """
-        from ocdbt_py.checkpoint.restore.api import restore
 
         _, name = self._resolve_step(step)
         skv = PrefixStore(self.kv, name)
@@ -374,7 +376,6 @@ class CheckpointManager(Lifecycle):
 
     def item_metadata(self, step: int | None = None, item: str | None = None) -> Any:
         """Shapes and dtypes of a step's items without reading array data."""
-        from ocdbt_py.checkpoint.meta import metadata
 
         _, name = self._resolve_step(step)
         return metadata(PrefixStore(self.kv, name), item=item)

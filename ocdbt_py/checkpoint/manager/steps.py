@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import shutil
 import uuid
@@ -16,6 +15,7 @@ from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.preservation import StepInfo
 from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.pools import map_concurrently
 
 __all__ = ["METRICS_ITEM", "METRICS_FILE", "scan", "read_step_info", "cleanup", "delete_step", "writes_in_place",
            "metrics_json"]
@@ -71,8 +71,7 @@ def scan(kv: KvStore, fmt: StepNameFormat, *, workers: int = 16) -> tuple[dict[i
     names = committed(kv, fmt)
     if not names:
         return names, {}
-    with concurrent.futures.ThreadPoolExecutor(min(workers, len(names))) as pool:
-        infos = list(pool.map(lambda sn: read_step_info(kv, sn[0], sn[1]), names.items()))
+    infos = map_concurrently(lambda sn: read_step_info(kv, sn[0], sn[1]), names.items(), limit=workers)
     return names, {i.step: i for i in infos}
 
 
@@ -144,12 +143,7 @@ def _remove_dir(kv: KvStore, name: str) -> None:
         kv.delete(k)
     marked = set(markers)
     rest = [k for k in keys if k not in marked]
-    if len(rest) > 8:
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            list(pool.map(kv.delete, rest))
-    else:
-        for k in rest:
-            kv.delete(k)
+    map_concurrently(kv.delete, rest, limit=8)
 
 
 def metrics_json(metrics: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ oldest checkpoints, from the array names alone.  See ``spec/orbax.md`` section 3
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from typing import Any
 
@@ -234,7 +235,6 @@ class PyTreeItem:
 
     def shardings(self) -> dict[str, Any]:
         """``{param: sharding description}`` from ``_sharding`` (empty if absent)."""
-        import base64
 
         if "_sharding" not in self.listing.files:
             return {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,12 +24,13 @@ from typing import Any
 import numpy as np
 
 from ocdbt_py.checkpoint.restore.bufpool import SlabPool
-from ocdbt_py.checkpoint.restore.locations import scan_locations
+from ocdbt_py.checkpoint.restore.locations import Location, scan_locations
 from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.coalesce import merge_ranges
 from ocdbt_py.kvstore.keys import validate_key
 
-__all__ = ["Located", "LocalSource", "local_root"]
+__all__ = ["LocalSource", "local_root"]
 
 #: Neighbouring chunks of one file at most this far apart are read with one request...
 COALESCE_GAP = 64 << 10
@@ -42,18 +44,6 @@ POOL_BYTES = 256 << 20
 MMAP_MIN = 1 << 20
 
 
-class Located:
-    """Where a chunk's bytes are: ``inline`` bytes, or ``length`` bytes at ``offset`` of ``path``."""
-
-    __slots__ = ("path", "offset", "length", "inline")
-
-    def __init__(self, path: str | None, offset: int, length: int, inline: bytes | None = None):
-        self.path = path
-        self.offset = offset
-        self.length = length
-        self.inline = inline
-
-
 def local_root(kv: KvStore) -> str | None:
     """The local directory a store reads from (through prefix views), or ``None``."""
     return kv.local_path()
@@ -62,13 +52,13 @@ def local_root(kv: KvStore) -> str | None:
 class LocalSource:
     """Locates and reads chunk keys of one item stored on the local filesystem.
 
-    ``locate`` maps a store key (``<param>/<chunk key>``) to a :class:`Located` or ``None``
+    ``locate`` maps a store key (``<param>/<chunk key>``) to a :class:`Location` or ``None``
     (absent).  Built with :meth:`for_ocdbt` (from the B+tree entries: inline values and data
     file references) or :meth:`for_dirs` (one file per chunk).
     """
 
-    def __init__(self, locate: Callable[[Sequence[str]], list[Located | None]],
-                 table: dict[str, Located] | None = None):
+    def __init__(self, locate: Callable[[Sequence[str]], list[Location | None]],
+                 table: dict[str, Location] | None = None):
         self.locate = locate
         #: for OCDBT items: every key's location (inline values included), from one B+tree scan
         self.table = table
@@ -80,27 +70,27 @@ class LocalSource:
     @classmethod
     def for_ocdbt(cls, databases: Sequence[tuple[str, Any]]) -> LocalSource:
         """``databases``: ``(local root directory, OcdbtStore)`` pairs, searched in order."""
-        table: dict[str, Located] = {}
+        table: dict[str, Location] = {}
         for root, db in databases:
             paths: dict[str, str] = {}
             for k, fkey, offset, length, inline in scan_locations(db, root):
                 if k in table:
                     continue
                 if fkey is None:
-                    table[k] = Located(None, 0, length, inline)
+                    table[k] = Location(0, None, 0, length, inline)
                     continue
                 path = paths.get(fkey)
                 if path is None:
                     path = paths[fkey] = os.path.join(root, *fkey.split("/"))
-                table[k] = Located(path, offset, length)
+                table[k] = Location(0, path, offset, length)
         return cls(lambda keys: [table.get(k) for k in keys], table)
 
     @classmethod
     def for_dirs(cls, root: str) -> LocalSource:
         """Per-parameter directories below ``root``: each chunk key is a file."""
 
-        def locate(keys: Sequence[str]) -> list[Located | None]:
-            out: list[Located | None] = []
+        def locate(keys: Sequence[str]) -> list[Location | None]:
+            out: list[Location | None] = []
             for k in keys:
                 validate_key(k)
                 path = os.path.join(root, *k.split("/"))
@@ -111,7 +101,7 @@ class LocalSource:
                     continue
                 except OSError as e:
                     raise StorageError(f"cannot stat {path}: {e.strerror}") from e
-                out.append(Located(path, 0, st.st_size) if not _isdir(st) else None)
+                out.append(Location(0, path, 0, st.st_size) if not _isdir(st) else None)
             return out
 
         return cls(locate)
@@ -175,30 +165,19 @@ class LocalSource:
         for i, loc in enumerate(locs):
             if loc is None:
                 continue
-            if loc.path is None:
+            if loc.file is None:
                 out[i] = loc.inline
             elif loc.length == 0:
                 out[i] = b""
             else:
-                by_file.setdefault(loc.path, []).append(i)
+                by_file.setdefault(loc.file, []).append(i)
         buffers: list[np.ndarray] = []
         pending: list[int] = []
         maps: dict[int, tuple[mmap.mmap, memoryview, memoryview]] = {}
         for path, idxs in by_file.items():
-            idxs.sort(key=lambda j: locs[j].offset)  # type: ignore[union-attr]
-            groups: list[list[int]] = []
-            lo = hi = 0
-            for j in idxs:
-                loc = locs[j]
-                assert loc is not None
-                a, b = loc.offset, loc.offset + loc.length
-                if groups and a <= hi + COALESCE_GAP and max(hi, b) - lo <= COALESCE_MAX:
-                    groups[-1].append(j)
-                    hi = max(hi, b)
-                else:
-                    groups.append([j])
-                    lo, hi = a, b
-            for g in groups:
+            spans = sorted((loc.offset, loc.offset + loc.length, j) for j in idxs
+                           if (loc := locs[j]) is not None)
+            for _, _, g in merge_ranges(spans, gap=COALESCE_GAP, max_span=COALESCE_MAX):
                 first = locs[g[0]]
                 assert first is not None
                 if len(g) == 1 and first.length >= MMAP_MIN:
@@ -257,6 +236,5 @@ class LocalSource:
 
 
 def _isdir(st: os.stat_result) -> bool:
-    import stat
 
     return stat.S_ISDIR(st.st_mode)

@@ -41,6 +41,12 @@ from ocdbt_py.checkpoint.restore.storage import ArrayStore
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request, slice_range
 from ocdbt_py.kvstore.prefixed import PrefixStore
+from ocdbt_py.pools import dedicated
+from zarr3._executor import num_threads, run_jobs, run_pipeline
+from zarr3.array import Array
+from zarr3.errors import ChunkNotFoundError, MetadataError
+from zarr3.metadata_v2 import parse_zarray
+from zarr3.metadata_v3 import ArrayMetadataV3, parse_zarr_json
 
 __all__ = ["ArrayReader", "LazyArray", "OverlayStore"]
 
@@ -115,8 +121,6 @@ def parse_zarr_metadata(name: str, raw: bytes) -> Any:
     hit = _PARSED.get(key)
     if hit is not None:
         return hit
-    from zarr3.metadata_v2 import parse_zarray
-    from zarr3.metadata_v3 import parse_zarr_json
 
     meta = parse_zarr_json(raw) if name == "zarr.json" else parse_zarray(raw)
     if len(_PARSED) >= _PARSED_MAX:
@@ -223,8 +227,6 @@ class ArrayReader:
 
     # -- metadata ------------------------------------------------------------------------------
     def _parse(self, param: str, name: str, raw: bytes) -> Any:
-        from zarr3.errors import MetadataError
-        from zarr3.metadata_v3 import ArrayMetadataV3
 
         try:
             meta = parse_zarr_metadata(name, raw)
@@ -273,7 +275,6 @@ class ArrayReader:
     # -- arrays --------------------------------------------------------------------------------
     def array(self, param: str, kv: KvStore | None = None) -> Any:
         """The :class:`zarr3.Array` of ``param``."""
-        from zarr3.array import Array
 
         meta = self.metadata(param)
         return Array(PrefixStore(kv or self.kv, param), meta, mode="r", fill_missing=self.fill_missing)
@@ -283,7 +284,6 @@ class ArrayReader:
         return self._wrap(param, lambda: self.array(param).read(selection, out=out))
 
     def _wrap(self, param: str, fn: Any) -> Any:
-        from zarr3.errors import ChunkNotFoundError
 
         try:
             return fn()
@@ -314,7 +314,7 @@ class ArrayReader:
             for kind, payload in plan:
                 yield from self._run_step(kind, payload, None)
             return
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ocdbt-prefetch") as io:
+        with dedicated("io", 1, name="prefetch") as io:
 
             def start(i: int) -> concurrent.futures.Future[Fetched] | None:
                 kind, payload = plan[i]
@@ -456,7 +456,6 @@ class ArrayReader:
 
     def _read_rows(self, requests: Sequence[tuple[str, int | None, int | None]]
                    ) -> list[tuple[tuple[str, int | None, int | None], np.ndarray]]:
-        from zarr3._executor import num_threads, run_pipeline
 
         results: list[tuple[tuple[str, int | None, int | None], np.ndarray]] = []
         units: list[tuple[str, str, Any, np.ndarray, tuple[slice, ...], tuple[slice, ...] | None]] = []
@@ -582,7 +581,6 @@ def _run_jobs(jobs: list[Callable[[], None]]) -> None:
     if len(jobs) == 1:
         jobs[0]()
         return
-    from zarr3._executor import run_jobs
 
     run_jobs(jobs)
 

@@ -39,12 +39,15 @@ from typing import Any
 import numpy as np
 
 from ocdbt_py.checkpoint.restore.bufpool import SlabPool
-from ocdbt_py.checkpoint.restore.locations import scan_locations
+from ocdbt_py.checkpoint.restore.locations import Location, scan_locations
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.coalesce import merge_ranges
 from ocdbt_py.kvstore.futures import all_done
+from ocdbt_py.pools import shared
+from zarr3._executor import get_pool, num_threads
 
-__all__ = ["RemoteLoc", "RemoteSource", "Prefetch", "IN_FLIGHT_BYTES", "MAX_SPAN", "GAP", "fetch_budget"]
+__all__ = ["RemoteSource", "Prefetch", "IN_FLIGHT_BYTES", "MAX_SPAN", "GAP", "fetch_budget"]
 
 #: Fetched bytes (compressed, not yet decoded) held at a time; ``OCDBT_PY_FETCH_BYTES``
 #: overrides it.  This, not the CPU count, sets how many requests are in flight.
@@ -82,11 +85,7 @@ def io_pool() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _io() -> concurrent.futures.ThreadPoolExecutor:
-    global _io_pool
-    with _io_lock:
-        if _io_pool is None:
-            _io_pool = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="ocdbt-fetch")
-        return _io_pool
+    return shared("io")
 
 
 def fetch_budget(total: int = 0) -> int:
@@ -108,20 +107,6 @@ class _Pool(SlabPool):
 
     def __init__(self, limit: int):
         super().__init__(limit, MAX_SPAN)
-
-
-class RemoteLoc:
-    """Where a value is: ``inline`` bytes, or ``length`` bytes at ``offset`` of data file
-    ``key`` of store number ``store``."""
-
-    __slots__ = ("store", "key", "offset", "length", "inline")
-
-    def __init__(self, store: int, key: str | None, offset: int, length: int, inline: bytes | None = None):
-        self.store = store
-        self.key = key
-        self.offset = offset
-        self.length = length
-        self.inline = inline
 
 
 def _claim(vals: list[tuple[int, int, int]], jobs: list[_Job]) -> list[tuple[int, int, int]]:
@@ -219,7 +204,7 @@ class RemoteSource:
     item's array store, used for keys when ``table`` is ``None`` (no locations known).
     """
 
-    def __init__(self, kv: KvStore, stores: Sequence[KvStore] = (), table: dict[str, RemoteLoc] | None = None):
+    def __init__(self, kv: KvStore, stores: Sequence[KvStore] = (), table: dict[str, Location] | None = None):
         self.kv = kv
         self.stores = list(stores)
         #: for OCDBT items: every key's location (inline values included), from one B+tree scan
@@ -228,13 +213,13 @@ class RemoteSource:
     @classmethod
     def for_ocdbt(cls, kv: KvStore, databases: Sequence[Any]) -> RemoteSource:
         """Scan the B+tree of each database (searched in order, first hit wins)."""
-        table: dict[str, RemoteLoc] = {}
+        table: dict[str, Location] = {}
         stores: list[KvStore] = []
         for si, db in enumerate(databases):
             stores.append(db.kvstore)
             for k, fkey, offset, length, inline in scan_locations(db, db.kvstore.url):
                 if k not in table:
-                    table[k] = RemoteLoc(si, fkey, offset, length, inline)
+                    table[k] = Location(si, fkey, offset, length, inline)
         return cls(kv, stores, table)
 
     # -- planning ----------------------------------------------------------------------------
@@ -262,30 +247,23 @@ class RemoteSource:
             loc = self.table.get(k)
             if loc is None:
                 ready.append((i, None))
-            elif loc.key is None:
+            elif loc.file is None:
                 ready.append((i, loc.inline))
             elif loc.length == 0:
                 ready.append((i, b""))
             else:
-                by_file.setdefault((loc.store, loc.key), []).append((i, loc.offset, loc.length))
+                by_file.setdefault((loc.store, loc.file), []).append((i, loc.offset, loc.length))
         pre = prefetched.spans() if prefetched is not None else {}
         for (si, fk), vals in by_file.items():
             vals.sort(key=lambda v: v[1])
             if pre.get((si, fk)):
                 vals = _claim(vals, pre[(si, fk)])
-            cur: list[tuple[int, int, int]] = []
-            lo = hi = 0
-            for v in vals:
-                a, b = v[1], v[1] + v[2]
-                span = MAX_SPAN if len(jobs) >= 8 else min(MAX_SPAN, FIRST_SPAN << len(jobs))
-                if cur and a <= hi + GAP and max(hi, b) - lo <= span:
-                    cur.append(v)
-                    hi = max(hi, b)
-                    continue
-                if cur:
-                    jobs.append(_Job(hi - lo, [(si, fk, lo, hi, cur)]))
-                cur, lo, hi = [v], a, b
-            if cur:
+            # the first requests are small, so decoding starts early; later ones up to MAX_SPAN
+            def span() -> int:
+                return MAX_SPAN if len(jobs) >= 8 else min(MAX_SPAN, FIRST_SPAN << len(jobs))
+
+            for lo, hi, cur in merge_ranges(((v[1], v[1] + v[2], v) for v in vals), gap=GAP, max_span=span):
+                assert hi is not None
                 jobs.append(_Job(hi - lo, [(si, fk, lo, hi, cur)]))
         return jobs, ready
 
@@ -323,7 +301,6 @@ class RemoteSource:
         when the key is absent).  Returns when every value was consumed; re-raises the first
         error after every request started has finished.  ``prefetched`` (used once) supplies
         ranges already requested."""
-        from zarr3._executor import get_pool, num_threads
 
         if prefetched is not None and (prefetched.used or self.table is None):
             prefetched = None

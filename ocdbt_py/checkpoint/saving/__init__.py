@@ -21,6 +21,7 @@ database), :mod:`.dir_writer` (the per-parameter layout's files), :mod:`.merge` 
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ def __getattr__(name: str) -> Any:
     mod = _WHERE.get(name)
     if mod is None:
         raise AttributeError(f"module 'ocdbt_py.checkpoint.saving' has no attribute {name!r}")
-    import importlib
 
     return getattr(importlib.import_module(mod), name)
 

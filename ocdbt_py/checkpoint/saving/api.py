@@ -34,6 +34,8 @@ from ocdbt_py.checkpoint.saving.chunking import (
 )
 from ocdbt_py.checkpoint.saving.dir_writer import DirWriter, check_files_complete
 from ocdbt_py.checkpoint.saving.distributed import Coordinator, coordinator
+from ocdbt_py.checkpoint.saving.host_copy import copy_arrays, keep_arena
+from ocdbt_py.checkpoint.saving.jax_arrays import default_replica_parallel, plan_jax_array
 from ocdbt_py.checkpoint.saving.merge import check_complete, collect_children, write_root
 from ocdbt_py.checkpoint.saving.params import (
     JAX_ARRAY,
@@ -124,7 +126,6 @@ def _host_array(value: Any, where: str) -> np.ndarray:
 def _copy_shared(plans: Mapping[str, Any], workers: int, reuse: bool) -> np.ndarray | None:
     """Replace every job's data that is the caller's memory by a private copy (async saves);
     returns the buffer holding the copies."""
-    from ocdbt_py.checkpoint.saving.host_copy import copy_arrays
 
     where: list[tuple[_ItemPlan, int]] = []
     for plan in plans.values():
@@ -160,7 +161,6 @@ def _plan_item(name: str | None, tree: Any, coord: Coordinator, opts: _Options, 
         vt = leaf.value_type
         pname = leaf.param_name
         if vt == JAX_ARRAY:
-            from ocdbt_py.checkpoint.saving.jax_arrays import plan_jax_array
 
             jp = plan_jax_array(leaf.value, replica_parallel=opts.replica_parallel, name=leaf.where,
                                 devices=coord.writer_devices)
@@ -332,7 +332,6 @@ def save(
     if handler is not None and handler not in _HANDLERS:
         raise ValueError(f"handler must be 'standard' or 'pytree', not {handler!r}")
     if replica_parallel is None:
-        from ocdbt_py.checkpoint.saving.jax_arrays import default_replica_parallel
 
         replica_parallel = default_replica_parallel()
     target = ocdbt_target_data_file_size
@@ -366,7 +365,6 @@ def save(
     def work() -> None:
         _run(dest, plans, coord, opts, composite, force, custom_metadata, init_ns)
         if arena is not None and keep_copy_buffer:
-            from ocdbt_py.checkpoint.saving.host_copy import keep_arena
 
             plans.clear()  # nothing references the copies any more
             keep_arena(arena)

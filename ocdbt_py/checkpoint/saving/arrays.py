@@ -25,9 +25,15 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
+import zstandard
 
 from ocdbt_py.format.envelope import crc32c
 from ocdbt_py.write.bulk import StoredValue
+from zarr3.codecs import BytesCodec, ShardingCodec, ZstdCodec, compressor_from_v2
+from zarr3.dtypes import data_type_from_numpy, v2_dtype_string
+from zarr3.fill_value import default_fill_value
+from zarr3.metadata_v2 import ArrayMetadataV2
+from zarr3.metadata_v3 import ArrayMetadataV3
 
 __all__ = ["ArraySpec", "storage_dtype", "zarr_metadata", "chunk_regions", "encode_chunk", "encode_small",
            "Compressors", "ONE_SHOT_BYTES", "ChunkSink"]
@@ -52,7 +58,6 @@ def storage_dtype(dtype: Any) -> np.dtype[Any]:
     Raises ``TypeError`` for types TensorStore (and so Orbax) cannot store: structured and
     raw types, strings, objects, and ml_dtypes' ``uint2``/``uint4``/``float6_*``/``float8_e4m3``.
     """
-    from zarr3.dtypes import data_type_from_numpy
 
     try:
         dt = data_type_from_numpy(np.dtype(dtype))
@@ -70,11 +75,6 @@ def zarr_metadata(
 ) -> bytes:
     """``.zarray`` / ``zarr.json`` bytes as TensorStore writes them for Orbax (``level``: a zstd
     level other than Orbax's 1 (v2) / 3 (v3))."""
-    from zarr3.codecs import BytesCodec, ShardingCodec, ZstdCodec, compressor_from_v2
-    from zarr3.dtypes import data_type_from_numpy, v2_dtype_string
-    from zarr3.fill_value import default_fill_value
-    from zarr3.metadata_v2 import ArrayMetadataV2
-    from zarr3.metadata_v3 import ArrayMetadataV3
 
     dt = data_type_from_numpy(dtype)
     meta: ArrayMetadataV2 | ArrayMetadataV3
@@ -179,7 +179,6 @@ class Compressors:
 
     def get(self, level: int) -> Any:
         """This thread's compressor for ``level``."""
-        import zstandard
 
         cache = getattr(self._local, "c", None)
         if cache is None:
