@@ -37,6 +37,8 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "v05_ocdbt_to_pp": ("v05:pytree_ocdbt", {"use_ocdbt": False}),
     "v05_zarr3_to_pp2_chunked": ("v05:pytree_zarr3", {"use_ocdbt": False, "use_zarr3": False,
                                                       "chunk_byte_size": 64}),
+    # Orbax 0.5's aggregate layout: inline values in a msgpack "checkpoint" file (kept as bytes)
+    "v05_aggregate_to_pp3": ("v05:aggregate", {"use_ocdbt": False, "use_zarr3": True}),
 }
 MESH = ["pp2_to_ocdbt3", "oc2_to_pp", "oc2_chunked", "pp3_to_ocdbt2"]
 CHUNKED = ["oc2_chunked", "pp2_to_ocdbt_chunked_small_files", "oc2_target_only", "v05_zarr3_to_pp2_chunked"]
