@@ -419,7 +419,7 @@ def job_crash_check(job: dict[str, Any]) -> dict[str, Any]:
 def job_orbax_save(job: dict[str, Any]) -> dict[str, Any]:
     """Orbax saves a NumPy tree (the reference our own save of the same tree is compared to)."""
     tree = getattr(_trees, job["tree"])()
-    handler = ocp.PyTreeCheckpointHandler(use_zarr3=job.get("use_zarr3", False))
+    handler = ocp.PyTreeCheckpointHandler(use_zarr3=job.get("use_zarr3", False), use_ocdbt=job.get("use_ocdbt", True))
     save_args = None
     if job.get("chunk_byte_size"):
         save_args = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=job["chunk_byte_size"]), tree)
