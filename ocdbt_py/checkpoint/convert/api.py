@@ -25,6 +25,7 @@ from ocdbt_py.checkpoint.saving import layout_writer
 from ocdbt_py.checkpoint.saving.atomic import Destination, open_destination
 from ocdbt_py.checkpoint.saving.chunking import DEFAULT_TARGET_DATA_FILE_SIZE, GCS_TARGET_DATA_FILE_SIZE
 from ocdbt_py.checkpoint.saving.process_writer import default_workers
+from ocdbt_py.errors import NotFoundError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
@@ -214,8 +215,6 @@ def _units(src_kv: KvStore, dst: Any, steps: Iterable[int] | None) -> list[tuple
         want = set(steps)
         missing = want - {e.step for e in entries}
         if missing:
-            from ocdbt_py.errors import NotFoundError
-
             raise NotFoundError(f"{src_kv.url}: no finalized step(s) {sorted(missing)} "
                                 f"(have {[e.step for e in entries]})")
         entries = [e for e in entries if e.step in want]

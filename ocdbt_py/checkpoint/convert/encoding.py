@@ -21,12 +21,18 @@ import struct
 from collections.abc import Sequence
 from typing import Any, overload
 
+import ml_dtypes
 import numpy as np
+import zstandard
 
 from ocdbt_py.checkpoint.saving.arrays import ArraySpec, storage_dtype
 from ocdbt_py.checkpoint.saving.chunking import choose_chunk_shape, chunk_byte_limit
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.envelope import crc32c
+from zarr3.codecs.bytes import BytesCodec
+from zarr3.codecs.crc32c import Crc32cCodec
+from zarr3.codecs.sharding import ShardingCodec
+from zarr3.codecs.zstd import ZstdCodec
 
 __all__ = ["SourceEncoding", "source_encoding", "target_spec", "strategy", "wrap_frame", "unwrap_frame",
            "Target", "cast_dtype"]
@@ -66,11 +72,6 @@ def _v2_encoding(meta: Any) -> tuple[str, int | None]:
 
 
 def _v3_encoding(meta: Any) -> tuple[str, int | None]:
-    from zarr3.codecs.bytes import BytesCodec
-    from zarr3.codecs.crc32c import Crc32cCodec
-    from zarr3.codecs.sharding import ShardingCodec
-    from zarr3.codecs.zstd import ZstdCodec
-
     codecs = list(meta.codecs)
     if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
         return "other", None
@@ -101,8 +102,6 @@ def source_encoding(meta: Any) -> SourceEncoding:
 
 def cast_dtype(name: str) -> np.dtype[Any]:
     """The storage dtype for ``--dtype NAME`` (``bfloat16``, ``float16``, ``float32``...)."""
-    import ml_dtypes
-
     try:
         dt = np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)
     except TypeError as e:
@@ -116,8 +115,6 @@ def is_float(dtype: np.dtype[Any]) -> bool:
     """Whether ``dtype`` is a real floating-point type (NumPy's or ml_dtypes')."""
     if dtype.kind == "f":
         return True
-    import ml_dtypes
-
     try:
         ml_dtypes.finfo(dtype)
     except (ValueError, TypeError):
@@ -180,8 +177,6 @@ class Transcoder:
     the CRC-32C of the raw bytes in between."""
 
     def __init__(self, src: SourceEncoding, dst: ArraySpec):
-        import zstandard
-
         raw_size = math.prod(dst.chunk_shape) * dst.dtype.itemsize
         self._d = zstandard.ZstdDecompressor().decompressobj() if src.compression == "zstd" else None
         level = dst.zstd_level
@@ -208,8 +203,6 @@ def raw_crc(frame: bytes | memoryview, compressed: bool) -> int:
     """CRC-32C of a frame's decoded bytes (decompressed in pieces)."""
     if not compressed:
         return crc32c(frame)
-    import zstandard
-
     d = zstandard.ZstdDecompressor().decompressobj()
     crc = 0
     mv = memoryview(frame)
