@@ -804,7 +804,6 @@ def create(
         else:
             codec_list = [BytesCodec(), *_compressor_v3(compressor)]
             if order == "F" and len(shape_t) > 1:
-
                 codec_list.insert(0, TransposeCodec("F"))
         grid = chunk_t
         if shards is not None:

@@ -112,7 +112,6 @@ def _int_range(dt: DataType) -> tuple[int, int]:
         info = np.iinfo(dt.dtype)
         return int(info.min), int(info.max)
     except ValueError:
-
         mi = ml_dtypes.iinfo(dt.dtype)
         return int(mi.min), int(mi.max)
 

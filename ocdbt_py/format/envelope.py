@@ -109,7 +109,6 @@ def encode_envelope(magic: int, body: bytes | bytearray | memoryview, zstd_level
         put_varint(out, 0)
         out += body
     else:
-
         put_varint(out, 1)
         cctx = zstandard.ZstdCompressor(level=zstd_level)
         if len(body) <= 4096:

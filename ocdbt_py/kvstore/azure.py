@@ -20,7 +20,10 @@ import os
 from typing import Any
 
 from ocdbt_py.errors import ConditionFailedError, StorageError
-from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings, redact
+from ocdbt_py.kvstore.azuredirect import AzureDirect
+from ocdbt_py.kvstore.direct import DirectReadStore
+from ocdbt_py.kvstore.object_store import _secret_strings, redact
+from ocdbt_py.kvstore.rangeio import shared_reader
 
 __all__ = ["AzureStore"]
 
@@ -36,7 +39,7 @@ def _endpoint_of(opts: dict[str, Any]) -> str:
     return str(opts.get("account_host") or "")
 
 
-class AzureStore(ObjectStore):
+class AzureStore(DirectReadStore):
     """An Azure Blob container (or a prefix of one) as a :class:`KvStore` with atomic
     conditional writes."""
 
@@ -66,7 +69,7 @@ class AzureStore(ObjectStore):
                 redact_for(storage_options, f"cannot open {url}: {type(e).__name__}: {e}")
             ) from e
         endpoint = _endpoint_of(opts)
-        return cls(
+        store = cls(
             fs,
             root,
             read_only=read_only,
@@ -75,8 +78,13 @@ class AzureStore(ObjectStore):
             secrets=_secret_strings(storage_options or {}),
             scheme=url.split("://", 1)[0].lower(),
         )
+        store._direct = AzureDirect.from_options(opts, shared_reader)
+        return store
 
     async def _get_range(self, bucket: str, name: str, start: int, stop: int | None) -> bytes | None:
+        answered, got = await self._direct_get(bucket, name, start, stop)
+        if answered:
+            return got
         # optional backend: the [azure] extra
         from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 
@@ -100,6 +108,9 @@ class AzureStore(ObjectStore):
                 raise
 
     async def _object_size(self, bucket: str, name: str) -> int | None:
+        answered, size = await self._direct_size(bucket, name)
+        if answered:
+            return size
         # optional backend: the [azure] extra
         from azure.core.exceptions import ResourceNotFoundError
 

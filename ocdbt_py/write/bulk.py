@@ -23,9 +23,8 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Union
+from typing import Union
 
-from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.btree import BtreeChild
 from ocdbt_py.format.config import Config
 from ocdbt_py.format.data_file_table import DataFileId, IndirectDataReference, Statistics
@@ -33,12 +32,11 @@ from ocdbt_py.format.manifest import Manifest, encode_manifest
 from ocdbt_py.format.version_tree import BtreeGenerationReference
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.sinks import Sink, open_sink
-from ocdbt_py.store import OcdbtStore
+from ocdbt_py.read.btree_read import iterate
+from ocdbt_py.read.node_reader import NodeReader
+from ocdbt_py.read.version_read import read_manifest
 from ocdbt_py.write.data_writer import DataWriter
 from ocdbt_py.write.node_encoder import encode_interior_level, encode_leaf_level
-
-if TYPE_CHECKING:
-    from ocdbt_py.store import OcdbtStore
 
 __all__ = [
     "DataFilePool",
@@ -291,26 +289,10 @@ def write_database(
 
 def iter_entries(kv: KvStore) -> Iterator[tuple[bytes, StoredValue]]:
     """Every ``(key, inline bytes or reference)`` of the latest version of the database in ``kv``."""
-
-    db = OcdbtStore(kv)
-    batch: list[tuple[bytes, IndirectDataReference | None]] = []
-    for e in db.entries():
-        batch.append((e.key, e.location))
-        if len(batch) >= 4096:
-            yield from _fill(db, batch)
-            batch = []
-    yield from _fill(db, batch)
-
-
-def _fill(db: OcdbtStore, batch: list[tuple[bytes, IndirectDataReference | None]]
-          ) -> Iterator[tuple[bytes, StoredValue]]:
-    pending = [k for k, loc in batch if loc is None]
-    inline = dict(zip(pending, db.get_many(pending))) if pending else {}
-    for k, loc in batch:
-        if loc is not None:
-            yield k, loc
-            continue
-        data = inline.get(k)
-        if data is None:
-            raise CorruptionError(f"inline value of {k!r} vanished while reading", path=db.url)
-        yield k, data
+    manifest, _ = read_manifest(kv)
+    if not manifest.versions:
+        return
+    latest = manifest.versions[-1]
+    reader = NodeReader(kv, manifest.config)
+    for key, value in iterate(reader, (latest.root, latest.root_height)):
+        yield key, value if isinstance(value, IndirectDataReference) else bytes(value)

@@ -111,7 +111,6 @@ class _KeyColumns:
         self.width = 0
         self.mat: Any = None
         if n >= _VECTOR_MIN:
-
             lens = np.fromiter(map(len, keys), dtype=np.int64, count=n)
             width = int(lens.max())
             if 0 < width <= _VECTOR_MAX_WIDTH:
@@ -143,7 +142,6 @@ class _KeyColumns:
         keys = self.keys
         put_varint(body, e - s)
         if self.width and e - s >= _VECTOR_MIN:
-
             cs = self.cps_np[s + 1:e]
             body += _varints_np(cs - x)
             body += _varints_np(np.concatenate(([len(keys[s]) - x], self.lens[s + 1:e] - cs)))
@@ -294,7 +292,6 @@ def encode_leaf_level(
         files_used = {v.file for v, r in zip(values, is_ref) if r}  # type: ignore[union-attr]
         fsize = {f: _REF_FIXED + len(f.base_path) + len(f.relative_path) for f in files_used}
         if kc.width and len(fsize) == 1:
-
             (one,) = fsize.values()
             inline = np.fromiter(map(len, values), dtype=np.int64, count=n)  # type: ignore[arg-type]
             mask = np.array(is_ref)

@@ -53,7 +53,6 @@ from ocdbt_py.checkpoint.manager.mesh_metadata import (
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.preemption import PreemptionWatcher
 from ocdbt_py.checkpoint.manager.preservation import LatestN, PreservationPolicy
-from ocdbt_py.checkpoint.manager.replica_broadcast import can_broadcast
 from ocdbt_py.checkpoint.manager.steps import METRICS_FILE, METRICS_ITEM, committed, metrics_json
 from ocdbt_py.checkpoint.manager.steps import cleanup as cleanup_root
 from ocdbt_py.checkpoint.manager.tier import Tier
@@ -402,7 +401,6 @@ class MultiTierCheckpointManager(Lifecycle):
             return False
         items: dict[str, Any] = {}
         if metrics is not None:
-
             items[METRICS_ITEM] = JsonItem(metrics_json(metrics), filename=METRICS_FILE)
         fingerprint = state_fingerprint(state)
         if local:
@@ -509,6 +507,9 @@ class MultiTierCheckpointManager(Lifecycle):
         if self.layout.count < 2:
             peer_why = "the mesh has a single replica"
         else:
+            # replica_broadcast imports JAX at its top: importing the manager package must not
+            from ocdbt_py.checkpoint.manager.replica_broadcast import can_broadcast
+
             for leaf in leaves:
                 peer_why = can_broadcast(leaf, self.global_mesh, self.layout)
                 if peer_why is not None:

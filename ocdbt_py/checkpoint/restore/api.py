@@ -138,7 +138,6 @@ def _restore_item(kv: KvStore, kind: Kind, target: Any, lazy: bool, handler: str
         if target is None:
             tree = item.restore(lazy=lazy)
         else:
-
             tree = restore_with_target(item, target, lazy=lazy)
         if bare is not None and isinstance(tree, dict):
             return tree["checkpoint"]

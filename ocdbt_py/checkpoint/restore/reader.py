@@ -315,7 +315,6 @@ class ArrayReader:
                 yield from self._run_step(kind, payload, None)
             return
         with dedicated("io", 1, name="prefetch") as io:
-
             def start(i: int) -> concurrent.futures.Future[Fetched] | None:
                 kind, payload = plan[i]
                 if kind == "big":

@@ -81,6 +81,7 @@ class _Options:
     use_ocdbt: bool
     use_compression: bool
     chunk_byte_size: int | None
+    leaf_chunk_byte_sizes: Mapping[str, int]  # param name -> chunk_byte_size for that array
     target_data_file_size: int
     replica_parallel: bool
     copy: bool
@@ -107,10 +108,12 @@ class _ItemPlan:
 
 
 def _spec(name: str, shape: tuple[int, ...], dtype: np.dtype[Any], write_shape: tuple[int, ...],
-          opts: _Options) -> ArraySpec:
+          opts: _Options, item: str | None = None) -> ArraySpec:
+    key = name if item is None else f"{item}/{name}"
+    per_leaf = opts.leaf_chunk_byte_sizes.get(key, opts.chunk_byte_size)
     # Orbax caps chunks by the target data file size only for OCDBT
     target = opts.target_data_file_size if opts.use_ocdbt else 0
-    limit = chunk_byte_limit(write_shape, dtype.itemsize, opts.chunk_byte_size, target)
+    limit = chunk_byte_limit(write_shape, dtype.itemsize, per_leaf, target)
     chunk = choose_chunk_shape(shape, write_shape, dtype.itemsize, limit)
     return ArraySpec(name, shape, dtype, tuple(write_shape), chunk,
                      3 if opts.use_zarr3 else 2, opts.use_compression)
@@ -161,10 +164,9 @@ def _plan_item(name: str | None, tree: Any, coord: Coordinator, opts: _Options, 
         vt = leaf.value_type
         pname = leaf.param_name
         if vt == JAX_ARRAY:
-
             jp = plan_jax_array(leaf.value, replica_parallel=opts.replica_parallel, name=leaf.where,
                                 devices=coord.writer_devices)
-            spec = _spec(pname, jp.shape, jp.dtype, jp.write_shape, opts)
+            spec = _spec(pname, jp.shape, jp.dtype, jp.write_shape, opts, name)
             plan.specs.append(spec)
             if primary:
                 plan.metadata_specs.append(spec)
@@ -183,7 +185,7 @@ def _plan_item(name: str | None, tree: Any, coord: Coordinator, opts: _Options, 
             except TypeError as e:
                 raise UnsupportedLeafError(f"cannot save leaf {leaf.where}: {e}") from e
             shape = tuple(int(d) for d in arr.shape)
-            spec = _spec(pname, shape, dtype, shape, opts)
+            spec = _spec(pname, shape, dtype, shape, opts, name)
             plan.specs.append(spec)
             if primary:  # numpy arrays and scalars are written by the primary process only
                 plan.metadata_specs.append(spec)
@@ -268,10 +270,11 @@ def save(
     use_ocdbt: bool = True,
     use_compression: bool = True,
     chunk_byte_size: int | None = None,
+    leaf_chunk_byte_sizes: Mapping[str, int] | None = None,
     ocdbt_target_data_file_size: int | None = None,
     custom_metadata: Mapping[str, Any] | None = None,
     pytree_custom_metadata: Any = None,
-    handler: str | None = None,
+    handler: str | Mapping[str, str] | None = None,
     blocking: bool = True,
     copy: bool | None = None,
     keep_copy_buffer: bool = True,
@@ -298,13 +301,17 @@ def save(
     * ``force``: replace an existing checkpoint (otherwise :class:`CheckpointExistsError`).
     * ``use_zarr3``, ``use_compression``, ``chunk_byte_size``, ``ocdbt_target_data_file_size``:
       as Orbax's ``PyTreeCheckpointHandler`` / ``SaveArgs`` options (applied to every array).
+      ``leaf_chunk_byte_sizes`` maps param names (key names joined with ``.``, e.g.
+      ``"dense.kernel"``; ``"<item>/<param name>"`` in a composite save) to a
+      ``chunk_byte_size`` for that array alone, as a per-leaf ``SaveArgs(chunk_byte_size=...)``;
+      it overrides ``chunk_byte_size`` for those arrays.
     * ``use_ocdbt=False``: the per-parameter layout (``PyTreeCheckpointHandler(use_ocdbt=False)``):
       each array's Zarr metadata and chunks are files in ``<item>/<param>/``; chunks are not
       capped by ``ocdbt_target_data_file_size`` (there are no data files).
     * ``custom_metadata``: JSON stored in ``_CHECKPOINT_METADATA``;
       ``pytree_custom_metadata``: JSON stored in ``_METADATA`` (``PyTreeSave(custom_metadata=)``).
     * ``handler``: ``"standard"`` or ``"pytree"`` (handler name recorded for the item; default:
-      standard unless the tree holds strings).
+      standard unless the tree holds strings); a dict gives it per item of a composite save.
     * ``blocking=False``: return once host copies are made (``copy`` defaults to ``True`` then,
       so the caller may modify or donate its arrays); ``handle.wait()`` re-raises any error.
       A later save waits for the previous one.  ``keep_copy_buffer``: keep the copies' buffer
@@ -325,22 +332,52 @@ def save(
     coord = _coordinator if _coordinator is not None else coordinator(timeout_s=barrier_timeout)
     if copy is None:
         copy = not blocking
+    opts = _make_options(path, use_zarr3, use_ocdbt, use_compression, chunk_byte_size, leaf_chunk_byte_sizes,
+                         ocdbt_target_data_file_size, replica_parallel, copy, workers, sync)
+    for h in handler.values() if isinstance(handler, Mapping) else [handler]:
+        if h is not None and h not in _HANDLERS:
+            raise ValueError(f"handler must be 'standard' or 'pytree', not {h!r}")
+    plans = _make_plans(tree, composite, coord, opts, handler, pytree_custom_metadata)
+
+    arena = _copy_shared(plans, min(opts.workers, 4), keep_copy_buffer) if opts.copy else None
+    dest = open_destination(path, storage_options)
+    init_ns = time.time_ns()
+
+    def work() -> None:
+        _run(dest, plans, coord, opts, composite, force, custom_metadata, init_ns)
+        if arena is not None and keep_copy_buffer:
+            plans.clear()  # nothing references the copies any more
+            keep_arena(arena)
+
+    return async_save.start(dest.display, work, blocking=blocking, started=started)
+
+
+def _make_options(path: Any, use_zarr3: bool, use_ocdbt: bool, use_compression: bool, chunk_byte_size: int | None,
+                  leaf_chunk_byte_sizes: Mapping[str, int] | None, ocdbt_target_data_file_size: int | None,
+                  replica_parallel: bool | None, copy: bool, workers: int | None, sync: bool) -> _Options:
+    """The checked options of one save, with Orbax's defaults filled in."""
     if ocdbt_target_data_file_size is not None and ocdbt_target_data_file_size < 0:
         raise ValueError("ocdbt_target_data_file_size must be >= 0")
     if chunk_byte_size is not None and chunk_byte_size <= 0:
         raise ValueError("chunk_byte_size must be positive")
-    if handler is not None and handler not in _HANDLERS:
-        raise ValueError(f"handler must be 'standard' or 'pytree', not {handler!r}")
+    leaf_sizes = dict(leaf_chunk_byte_sizes or {})
+    for pname, size in leaf_sizes.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError(f"leaf_chunk_byte_sizes[{pname!r}] must be a positive int, not {size!r}")
     if replica_parallel is None:
-
         replica_parallel = default_replica_parallel()
     target = ocdbt_target_data_file_size
     if target is None:  # Orbax's defaults: 400 MiB on GCS, 2 GiB elsewhere
         gcs = isinstance(path, str) and path.startswith(("gs://", "gcs://"))
         target = GCS_TARGET_DATA_FILE_SIZE if gcs else DEFAULT_TARGET_DATA_FILE_SIZE
-    opts = _Options(use_zarr3, bool(use_ocdbt), use_compression, chunk_byte_size, target, bool(replica_parallel),
-                    bool(copy), workers or default_workers(), sync)
+    return _Options(use_zarr3, bool(use_ocdbt), use_compression, chunk_byte_size, leaf_sizes, target,
+                    bool(replica_parallel), bool(copy), workers or default_workers(), sync)
 
+
+def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: _Options,
+                handler: str | Mapping[str, str] | None,
+                pytree_custom_metadata: Any) -> dict[str, _ItemPlan | JsonItem]:
+    """What to write for each item (``""`` for a single item), checked before anything is."""
     if composite:
         if not isinstance(tree, Mapping) or not tree:
             raise TypeError("composite=True needs a non-empty dict of item name -> tree or JsonItem")
@@ -356,20 +393,9 @@ def save(
             layout_writer.json_item(value.value)  # fail early if not serializable
             plans[name] = value
         else:
-            plans[name] = _plan_item(name or None, value, coord, opts, handler, pytree_custom_metadata)
-
-    arena = _copy_shared(plans, min(opts.workers, 4), keep_copy_buffer) if opts.copy else None
-    dest = open_destination(path, storage_options)
-    init_ns = time.time_ns()
-
-    def work() -> None:
-        _run(dest, plans, coord, opts, composite, force, custom_metadata, init_ns)
-        if arena is not None and keep_copy_buffer:
-
-            plans.clear()  # nothing references the copies any more
-            keep_arena(arena)
-
-    return async_save.start(dest.display, work, blocking=blocking, started=started)
+            item_handler = handler.get(name) if isinstance(handler, Mapping) else handler
+            plans[name] = _plan_item(name or None, value, coord, opts, item_handler, pytree_custom_metadata)
+    return plans
 
 
 def _run(dest: Destination, plans: Mapping[str, _ItemPlan | JsonItem], coord: Coordinator, opts: _Options,
