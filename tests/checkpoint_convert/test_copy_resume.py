@@ -185,3 +185,38 @@ def test_large_chunks_are_streamed(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     chunk.write_bytes(bytes(data))
     with pytest.raises(OcdbtError):
         copy(tmp_path / "a", tmp_path / "f", use_zarr3=False)
+
+
+@pytest.mark.parametrize("zarr3", [False, True])
+def test_large_source_chunks_are_split_as_a_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   zarr3: bool) -> None:
+    """Re-chunking an array stored as one big chunk decodes it as a stream of slabs: the copy
+    never holds the source chunk (nor a destination region of its size) in memory."""
+    import tracemalloc
+
+    from ocdbt_py.checkpoint.convert import arrays as arrays_mod
+    from ocdbt_py.checkpoint.convert import encoding as encoding_mod
+
+    # the memory constants scaled down 32x with the array
+    monkeypatch.setattr(arrays_mod, "REGION_BYTES", 1 << 20)
+    monkeypatch.setattr(arrays_mod, "BATCH_BYTES", 1 << 17)
+    monkeypatch.setattr(arrays_mod, "RAW_PIECE", 1 << 17)
+    monkeypatch.setattr(encoding_mod, "RAW_PIECE", 1 << 17)
+    rng = np.random.default_rng(2)
+    tree = {"w": rng.standard_normal((2048, 2048)), "z": np.zeros((2048, 512), np.float32), "s": np.arange(7)}
+    save(tmp_path / "src", tree, use_ocdbt=False, use_zarr3=zarr3)  # one 32 MiB / 4 MiB chunk each
+    tracemalloc.start()
+    try:
+        s = copy(tmp_path / "src", tmp_path / "dst", use_ocdbt=True, chunk_byte_size=64 << 10, dtype="float32",
+                 verify=True, workers=2)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert s["chunks_encoded"] > 100
+    assert peak < 8 << 20, f"peak traced memory {peak} bytes"
+    got = restore(tmp_path / "dst")
+    assert got["w"].dtype == np.float32 and np.array_equal(got["w"], tree["w"].astype(np.float32))
+    assert np.array_equal(got["z"], tree["z"]) and np.array_equal(got["s"], tree["s"])
+    zarray = json.loads((tmp_path / "src" / "w" / (".zarray" if not zarr3 else "zarr.json")).read_text())
+    assert zarray["chunks" if not zarr3 else "chunk_grid"] in ([2048, 2048], {"name": "regular", "configuration":
+                                                                               {"chunk_shape": [2048, 2048]}})

@@ -21,10 +21,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from ocdbt_py.checkpoint.convert.encoding import (
+    RAW_PIECE,
     TRAILER,
     SourceEncoding,
     Transcoder,
     raw_crc,
+    raw_pieces,
     unwrap_frame,
     wrap_frame,
 )
@@ -140,22 +142,15 @@ def _move_chunk(job: ArrayJob, src_kv: KvStore, writer: ItemWriter, c: tuple[int
     parts: list[bytes | memoryview] = []
     out = None if small else writer.open_value(dkey)
     emit = parts.append if out is None else out.write
-    crc = read = size = 0
+    crc = size = 0
+    read = [0]
     try:
-        for piece in pieces:
-            read += len(piece)
-            if tc is not None:
-                piece = tc.feed(piece)
-            else:
+        counted = _counting(pieces, read)
+        for piece in (tc.run(counted) if tc is not None else counted):
+            if tc is None:
                 crc = crc32c(piece, crc)
-            if len(piece):
-                emit(piece)
-                size += len(piece)
-        if tc is not None:
-            rest = tc.finish()
-            if rest:
-                emit(rest)
-                size += len(rest)
+            emit(piece)
+            size += len(piece)
         if job.how != "bytes" and job.spec.zarr_format == 3:
             emit(wrap_frame(b"", 3, length=size)[1])
         if out is None:
@@ -170,7 +165,13 @@ def _move_chunk(job: ArrayJob, src_kv: KvStore, writer: ItemWriter, c: tuple[int
         crc, 0 if job.how == "bytes" else job.spec.zarr_format, 0)
     with lock:
         job.crcs[dkey] = record
-    return read
+    return read[0]
+
+
+def _counting(pieces: Iterable[bytes | memoryview], box: list[int]) -> Iterator[bytes | memoryview]:
+    for p in pieces:
+        box[0] += len(p)
+        yield p
 
 
 _COUNTER = {"bytes": "chunks_bytes", "rewrap": "chunks_rewrapped", "transcode": "chunks_transcoded"}
@@ -199,6 +200,93 @@ def _pieces(src_kv: KvStore, key: str, start: int, stop: int | None) -> Iterator
             if stop is not None:
                 raise CorruptionError(f"chunk {key!r} is shorter than its shard index says", path=src_kv.url)
             return
+
+
+def _row_bytes(job: ArrayJob) -> int:
+    """Bytes of one row (index along the first axis) of a source chunk."""
+    return math.prod(job.src.chunk_shape[1:]) * job.src.dtype.itemsize
+
+
+def _column_groups(job: ArrayJob) -> list[tuple[int, int]]:
+    """Ranges along the second axis of a source chunk whose slabs (one destination chunk deep)
+    fit in :data:`REGION_BYTES`; each group is one streamed pass over the source chunk."""
+    src, spec = job.src, job.spec
+    if len(src.chunk_shape) < 2:
+        return [(0, 1)]
+    width = src.chunk_shape[1]
+    per_col = spec.chunk_shape[0] * math.prod(src.chunk_shape[2:]) * src.dtype.itemsize
+    step = max(1, REGION_BYTES // max(1, per_col * spec.chunk_shape[1])) * spec.chunk_shape[1]
+    return [(a, min(a + step, width)) for a in range(0, width, step)]
+
+
+def splittable(job: ArrayJob) -> bool:
+    """Whether the destination chunks of a re-encoded array are cut from each (large) source
+    chunk while it is decoded as a stream: the source chunk is one zstd or raw frame larger
+    than :data:`REGION_BYTES`, destination chunks tile it, and one row of it, and one
+    destination chunk's column of a slab, fit in :data:`REGION_BYTES`."""
+    src, spec = job.src, job.spec
+    if not (job.how == "encode" and src.compression in ("zstd", "none") and src.shape):
+        return False
+    col = spec.chunk_shape[0] * math.prod(spec.chunk_shape[1:2]) * math.prod(src.chunk_shape[2:]) * src.dtype.itemsize
+    return (all(s % d == 0 for s, d in zip(src.chunk_shape, spec.chunk_shape))
+            and math.prod(src.chunk_shape) * src.dtype.itemsize > REGION_BYTES
+            and _row_bytes(job) <= REGION_BYTES and col <= REGION_BYTES)
+
+
+def _slabs(job: ArrayJob, src_kv: KvStore, c: tuple[int, ...], cols: tuple[int, int], read: list[int]
+           ) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
+    """``(global origin, values)`` of each slab of source chunk ``c``: one destination chunk
+    deep along the first axis, columns ``cols`` of the second, clipped to the array; the chunk
+    is decoded as a stream, a few rows at a time."""
+    key = f"{job.param}/{job.meta.chunk_key(c)}"
+    pieces = _frame_pieces(job, src_kv, key, small=False)
+    if pieces is None:
+        return  # absent in the source: absent in the copy
+    src, spec = job.src, job.spec
+    rows, row_bytes = spec.chunk_shape[0], _row_bytes(job)
+    full = (src.chunk_shape[1],) if len(src.chunk_shape) > 1 else ()
+    rest = src.chunk_shape[2:]
+    sel = (slice(None), slice(*cols)) if full else (slice(None),)
+    slab = np.empty((rows, cols[1] - cols[0], *rest) if full else (rows,), src.dtype)  # reused
+    origin = tuple(i * n for i, n in zip(c, src.chunk_shape))
+    at0 = origin if not full else (origin[0], origin[1] + cols[0], *origin[2:])
+    pending = bytearray()
+    fill = row0 = 0
+    total = math.prod(src.chunk_shape) * src.dtype.itemsize
+    for raw in raw_pieces(_counting(pieces, read), src.compression == "zstd", total, piece=RAW_PIECE):
+        pending += raw
+        while len(pending) >= row_bytes:
+            k = min(len(pending) // row_bytes, rows - fill)
+            block = np.frombuffer(pending, src.dtype, count=k * row_bytes // src.dtype.itemsize)
+            slab[fill:fill + k] = block.reshape((k, *full, *rest))[sel]
+            del block
+            del pending[:k * row_bytes]
+            fill += k
+            if fill < rows:
+                continue
+            at = (at0[0] + row0, *at0[1:])
+            fill, row0 = 0, row0 + rows
+            shape: tuple[int, ...] = slab.shape
+            valid = tuple(max(0, min(n, size - o)) for n, size, o in zip(shape, spec.shape, at))
+            if 0 not in valid:
+                yield at, slab[tuple(slice(0, v) for v in valid)]
+
+
+def _split_chunk(job: ArrayJob, src_kv: KvStore, writer: ItemWriter, c: tuple[int, ...], stats: Stats) -> None:
+    read = [0]
+    n = 0
+    for cols in _column_groups(job):
+        for at, view in _slabs(job, src_kv, c, cols, read):
+            for coords, inner in chunk_regions(job.spec, at, view.shape):
+                writer.encode(job.spec, job.spec.chunk_key(coords), view[inner])
+                n += 1
+    stats.add(chunks_encoded=n, bytes_read=read[0])
+
+
+def _split_cost(job: ArrayJob) -> int:
+    a, b = _column_groups(job)[0]
+    slab = job.spec.chunk_shape[0] * (b - a) * math.prod(job.src.chunk_shape[2:]) * job.src.dtype.itemsize
+    return slab + 2 * RAW_PIECE + _row_bytes(job)
 
 
 def _region_shape(src: SourceEncoding, spec: ArraySpec) -> tuple[int, ...]:
@@ -242,6 +330,11 @@ def array_tasks(job: ArrayJob, reader: Any, src_kv: KvStore, writer: ItemWriter,
     """``(memory cost, task)`` copying every chunk of ``job`` (each bounded, see the module
     docstring)."""
     lock = threading.Lock()
+    if splittable(job):
+        cost = _split_cost(job)
+        for c in _grid(job.src.shape, job.src.chunk_shape):
+            yield cost, functools.partial(_split_chunk, job, src_kv, writer, tuple(c), stats)
+        return
     if job.how == "encode":
         for origin, sl in regions(job):
             n = math.prod(x.stop - x.start for x in sl) if sl else 1
@@ -290,16 +383,29 @@ def run_budgeted(tasks: Iterable[tuple[int, Callable[[], None]]], workers: int, 
             raise
 
 
-def verify_array(job: ArrayJob, src_reader: Any, dst_reader: Any, dst_kv: KvStore) -> None:
+def verify_array(job: ArrayJob, src_reader: Any, dst_reader: Any, dst_kv: KvStore,
+                 src_kv: KvStore | None = None) -> None:
     """Compare the copy with the source: CRCs of chunks moved as bytes (re-read from the
-    destination), every value of re-encoded arrays (region by region)."""
+    destination), every value of re-encoded arrays (region by region, or slab by slab of each
+    large source chunk decoded as a stream)."""
+    if splittable(job) and src_kv is not None:
+        for c in _grid(job.src.shape, job.src.chunk_shape):
+            for cols in _column_groups(job):
+                for at, view in _slabs(job, src_kv, c, cols, [0]):
+                    sl = tuple(slice(o, o + n) for o, n in zip(at, view.shape))
+                    b = dst_reader.read(job.param, sl)
+                    if b.dtype != job.spec.dtype or view.astype(job.spec.dtype).tobytes() != b.tobytes():
+                        raise CorruptionError(f"verify: array {job.param!r} differs from the source in {sl}",
+                                              path=dst_kv.url)
+        return
     if job.how != "encode":
         for key, (crc, fmt, raw) in job.crcs.items():
             value = dst_kv.get(key)
             if value is None:
                 raise CorruptionError(f"verify: {key!r} is missing from the copy", path=dst_kv.url)
             frame = value if fmt == 0 else unwrap_frame(value, fmt, key)
-            got = None if frame is None else raw_crc(frame, job.spec.compression) if raw else crc32c(frame)
+            expected = math.prod(job.spec.chunk_shape) * job.spec.dtype.itemsize
+            got = None if frame is None else raw_crc(frame, job.spec.compression, expected) if raw else crc32c(frame)
             if got != crc:
                 raise CorruptionError(f"verify: {key!r} differs from the source (CRC-32C)", path=dst_kv.url)
         return

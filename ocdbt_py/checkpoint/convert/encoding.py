@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
 import ml_dtypes
@@ -172,42 +172,90 @@ def strategy(src: SourceEncoding, dst: ArraySpec, forced_compression: bool) -> s
     return "bytes" if src.zarr_format == dst.zarr_format else "rewrap"
 
 
+#: Decoded bytes are produced in pieces of at most this size (never a whole chunk at once).
+RAW_PIECE = 4 << 20
+
+
+class _PiecesReader:
+    """A ``read()``-able view of an iterator of byte pieces (zstd's ``stream_reader`` source)."""
+
+    def __init__(self, pieces: Iterable[bytes | memoryview]):
+        self._it = iter(pieces)
+        self._buf = memoryview(b"")
+
+    def read(self, n: int = -1) -> bytes:
+        while not len(self._buf):
+            nxt = next(self._it, None)
+            if nxt is None:
+                return b""
+            self._buf = memoryview(nxt)
+        if n < 0 or n >= len(self._buf):
+            out, self._buf = self._buf, memoryview(b"")
+        else:
+            out, self._buf = self._buf[:n], self._buf[n:]
+        return bytes(out)
+
+
+def raw_pieces(pieces: Iterable[bytes | memoryview], compressed: bool, expected: int, *,
+               piece: int = RAW_PIECE) -> Iterator[bytes | memoryview]:
+    """The decoded bytes of one frame given in pieces, in pieces of at most ``piece`` bytes
+    when decompressing (so a highly compressed frame never expands in memory at once); a frame
+    that decodes to more or fewer than ``expected`` bytes is a :class:`CorruptionError`."""
+    n = 0
+    if not compressed:
+        for p in pieces:
+            n += len(p)
+            if n > expected:
+                break
+            yield p
+    else:
+        source: Any = _PiecesReader(pieces)  # duck-typed: zstd only calls read()
+        reader = zstandard.ZstdDecompressor().stream_reader(source, read_across_frames=False)
+        while True:
+            try:
+                out = reader.read(piece)
+            except zstandard.ZstdError as e:
+                raise CorruptionError(f"a zstd frame of the source does not decode: {e}") from e
+            if not out:
+                break
+            n += len(out)
+            if n > expected:
+                break
+            yield out
+    if n != expected:
+        raise CorruptionError(f"a chunk of the source decodes to {'more' if n > expected else n} bytes, "
+                              f"not the {expected} its array needs")
+
+
 class Transcoder:
     """Streams one frame from the source codec to the destination's (zstd or none), counting
-    the CRC-32C of the raw bytes in between."""
+    the CRC-32C of the decoded bytes in between (:attr:`raw_crc`, once :meth:`run` is done)."""
 
     def __init__(self, src: SourceEncoding, dst: ArraySpec):
-        raw_size = math.prod(dst.chunk_shape) * dst.dtype.itemsize
-        self._d = zstandard.ZstdDecompressor().decompressobj() if src.compression == "zstd" else None
-        level = dst.zstd_level
-        self._c = (zstandard.ZstdCompressor(level=level, write_checksum=False).compressobj(size=raw_size)
-                   if level is not None else None)
+        self.src = src
+        self.dst = dst
         self.raw_crc = 0
-        self.raw_bytes = 0
 
-    def feed(self, piece: bytes | memoryview) -> bytes | memoryview:
-        """Source frame bytes in, destination frame bytes out."""
-        raw = self._d.decompress(piece) if self._d is not None else piece
-        self.raw_crc = crc32c(raw, self.raw_crc)
-        self.raw_bytes += len(raw)
-        return self._c.compress(raw) if self._c is not None else raw
+    def run(self, pieces: Iterable[bytes | memoryview]) -> Iterator[bytes | memoryview]:
+        """Source frame pieces in, destination frame pieces out."""
+        expected = math.prod(self.dst.chunk_shape) * self.dst.dtype.itemsize
+        level = self.dst.zstd_level
+        comp = (zstandard.ZstdCompressor(level=level, write_checksum=False).compressobj(size=expected)
+                if level is not None else None)
+        for raw in raw_pieces(pieces, self.src.compression == "zstd", expected):
+            self.raw_crc = crc32c(raw, self.raw_crc)
+            out = comp.compress(raw) if comp is not None else raw
+            if len(out):
+                yield out
+        if comp is not None:
+            yield comp.flush()
 
-    def finish(self) -> bytes:
-        """The rest of the destination frame."""
-        if self._d is not None and not self._d.eof:
-            raise CorruptionError("a zstd frame of the source ends early")
-        return self._c.flush() if self._c is not None else b""
 
-
-def raw_crc(frame: bytes | memoryview, compressed: bool) -> int:
+def raw_crc(frame: bytes | memoryview, compressed: bool, expected: int) -> int:
     """CRC-32C of a frame's decoded bytes (decompressed in pieces)."""
-    if not compressed:
-        return crc32c(frame)
-    d = zstandard.ZstdDecompressor().decompressobj()
     crc = 0
-    mv = memoryview(frame)
-    for start in range(0, len(mv), 4 << 20):
-        crc = crc32c(d.decompress(mv[start:start + (4 << 20)]), crc)
+    for raw in raw_pieces([frame], compressed, expected):
+        crc = crc32c(raw, crc)
     return crc
 
 

@@ -244,7 +244,7 @@ class ItemCopy:
         dst = PyTreeItem(dst_kv)
         try:
             for j in self.jobs:
-                verify_array(j, self.item.reader, dst.reader, dst.array_store.kv)
+                verify_array(j, self.item.reader, dst.reader, dst.array_store.kv, self.item.array_store.kv)
         finally:
             dst.close()
 
