@@ -1,5 +1,7 @@
-"""Interrupted copies: nothing appears at the destination, and ``resume=True`` finishes the
-copy skipping the arrays (and steps) already written; also the CLI surface of ``ocdbt cp``."""
+"""``checkpoint.copy`` without the Orbax oracle: interrupted copies (nothing appears at the
+destination, and ``resume=True`` finishes skipping the arrays and steps already written), the
+CLI surface of ``ocdbt cp``, streamed large chunks (bytes, rewrap, transcode, slabs of a big
+source chunk being re-chunked, with bounded memory), damaged input refused."""
 
 from __future__ import annotations
 
