@@ -12,6 +12,7 @@ arrays, and skip units already copied.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -25,7 +26,7 @@ from ocdbt_py.checkpoint.saving import layout_writer
 from ocdbt_py.checkpoint.saving.atomic import Destination, open_destination
 from ocdbt_py.checkpoint.saving.chunking import DEFAULT_TARGET_DATA_FILE_SIZE, GCS_TARGET_DATA_FILE_SIZE
 from ocdbt_py.checkpoint.saving.process_writer import default_workers
-from ocdbt_py.errors import NotFoundError
+from ocdbt_py.errors import NotFoundError, OcdbtError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
@@ -100,7 +101,7 @@ class _Unit:
         self.kind = kind
         self.items: dict[str, ItemCopy] = {}
         self.other_dirs: list[str] = []
-        self.markers: list[str] = [f"{name}/" for name in self.items if name]
+        self.markers: list[str] = []
         if kind == Kind.PYTREE:
             self.items[""] = ItemCopy(src_kv, opts, "")
         elif kind == Kind.STEP:
@@ -110,7 +111,7 @@ class _Unit:
                     continue
                 try:
                     sub = classify(src_kv, d + "/")
-                except Exception:  # noqa: BLE001 - not an item we understand: copied as bytes
+                except OcdbtError:  # not an item we understand: copied as bytes
                     sub = None
                 if sub == Kind.PYTREE:
                     self.items[d] = ItemCopy(PrefixStore(src_kv, d), opts, d)
@@ -175,11 +176,14 @@ def _copy_unit(src_kv: KvStore, kind: Kind, dst: Any, opts: ItemOptions, *, forc
             journal.start(doc)
         total = unit.nbytes
         done = [0]
+        lock = threading.Lock()
 
-        def advance(n: int) -> None:
-            done[0] += n
+        def advance(n: int) -> None:  # called from the copy's threads
+            with lock:
+                done[0] += n
+                now = done[0]
             if progress is not None:
-                progress(done[0], total, label)
+                progress(now, total, label)
 
         advance(0)
         unit.run(dest, journal, stats, advance)
