@@ -332,8 +332,8 @@ def save(
     coord = _coordinator if _coordinator is not None else coordinator(timeout_s=barrier_timeout)
     if copy is None:
         copy = not blocking
-    opts = _make_options(path, use_zarr3, use_ocdbt, use_compression, chunk_byte_size, leaf_chunk_byte_sizes,
-                         ocdbt_target_data_file_size, replica_parallel, copy, workers, sync)
+    opts = _make_options(path, use_zarr3, use_compression, chunk_byte_size, leaf_chunk_byte_sizes,
+                         ocdbt_target_data_file_size, replica_parallel, copy, workers, sync, use_ocdbt=use_ocdbt)
     for h in handler.values() if isinstance(handler, Mapping) else [handler]:
         if h is not None and h not in _HANDLERS:
             raise ValueError(f"handler must be 'standard' or 'pytree', not {h!r}")
@@ -352,9 +352,10 @@ def save(
     return async_save.start(dest.display, work, blocking=blocking, started=started)
 
 
-def _make_options(path: Any, use_zarr3: bool, use_ocdbt: bool, use_compression: bool, chunk_byte_size: int | None,
+def _make_options(path: Any, use_zarr3: bool, use_compression: bool, chunk_byte_size: int | None,
                   leaf_chunk_byte_sizes: Mapping[str, int] | None, ocdbt_target_data_file_size: int | None,
-                  replica_parallel: bool | None, copy: bool, workers: int | None, sync: bool) -> _Options:
+                  replica_parallel: bool | None, copy: bool, workers: int | None, sync: bool, *,
+                  use_ocdbt: bool = True) -> _Options:
     """The checked options of one save, with Orbax's defaults filled in."""
     if ocdbt_target_data_file_size is not None and ocdbt_target_data_file_size < 0:
         raise ValueError("ocdbt_target_data_file_size must be >= 0")
