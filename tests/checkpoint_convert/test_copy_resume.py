@@ -150,6 +150,11 @@ def test_cli_cp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "layer7" not in got and got["layer0"]["w"].dtype.name == "bfloat16"
     zarray = json.loads((tmp_path / "c" / "layer0.w" / ".zarray").read_text())
     assert zarray["compressor"] is None and np.prod(zarray["chunks"]) * 2 <= 1024
+    rc, out, err = _cli("cp", str(src), str(tmp_path / "i"), "--include", "layer1.*", "--include", "step",
+                        "--quiet", capsys=capsys)
+    assert rc == 0
+    got = restore(tmp_path / "i")
+    assert set(got) == {"layer1", "step", "name"} and got["step"] == 9 and got["name"] == "t"
     rc, out, err = _cli("cp", str(src), str(tmp_path / "d"), "--target-data-file-size", "12x", capsys=capsys)
     assert rc == 2
     rc, out, err = _cli("cp", str(src), str(tmp_path / "e"), capsys=capsys)
