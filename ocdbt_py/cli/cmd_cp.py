@@ -97,7 +97,7 @@ def _summary_line(s: dict[str, Any]) -> str:
     parts = [f"copied {s['arrays']} arrays ({human_bytes(s['logical_bytes'])}) in {s['seconds']:.1f}s "
              f"({rate:.2f} GB/s)",
              f"chunks: {s['chunks_bytes']} as bytes, {s['chunks_rewrapped']} rewrapped, "
-             f"{s['chunks_encoded']} re-encoded"]
+             f"{s['chunks_transcoded']} recompressed, {s['chunks_encoded']} re-encoded"]
     if s["arrays_resumed"] or skipped:
         parts.append(f"resumed: {s['arrays_resumed']} arrays already copied, {skipped} step(s) skipped")
     if s["verified"]:
