@@ -8,6 +8,9 @@ Usage (``ocdbt --help`` and ``ocdbt COMMAND --help`` for details)::
     ocdbt versions URL [--json]
     ocdbt verify URL [--latest | --version V] [--max-problems N] [--json]
     ocdbt tree URL
+    ocdbt cp SRC DST [--ocdbt | --no-ocdbt] [--zarr3 | --zarr2] [--chunk-byte-size N]
+             [--target-data-file-size N] [--compression zstd:L|none] [--dtype D]
+             [--include/--exclude GLOB] [--steps N,M] [--resume] [--verify] [--json]
 
 ``URL`` is a local path or any fsspec URL (``--storage-option k=v``, repeatable, is passed to
 fsspec).  An Orbax checkpoint item directory is a database (its ``manifest.ocdbt``);
