@@ -11,6 +11,10 @@ Usage (``ocdbt --help`` and ``ocdbt COMMAND --help`` for details)::
     ocdbt steps ROOT
     ocdbt export URL OUT.safetensors|OUT.npz
     ocdbt put URL KEY VALUE [--create] / ocdbt rm URL KEY... / ocdbt gc URL [--keep-versions N]
+    ocdbt cp SRC DST [--ocdbt | --no-ocdbt] [--zarr3 | --zarr2] [--chunk-byte-size N]
+             [--target-data-file-size N] [--compression zstd:L|none] [--dtype D]
+             [--include/--exclude GLOB] [--steps N,M] [--resume] [--verify]
+    ocdbt stats|du|report|diff|import ...  (see each command's --help)
 
 Every command also takes ``--json`` (one JSON document on stdout), ``-S/--storage-option
 K=V`` (repeatable, passed to fsspec), ``--quiet`` (nothing on stderr but errors), ``--debug``
