@@ -13,7 +13,7 @@ import re
 import sys
 from typing import Any
 
-from ocdbt_py.cli.options import add_common, add_json, parse_storage_option
+from ocdbt_py.cli.options import add_location, parse_storage_option
 
 __all__ = ["register", "run", "parse_size"]
 
@@ -46,8 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "and chunks are copied as bytes. Each item or step appears at DST only when complete; --resume "
         "continues an interrupted copy.",
     )
-    p.add_argument("src", metavar="SRC", help="checkpoint to copy")
-    p.add_argument("dst", metavar="DST", help="where the copy goes (must not exist unless --force/--resume)")
+    add_location(p, dest="src", metavar="SRC", help="checkpoint to copy")
+    add_location(p, dest="dst", metavar="DST", must_exist=False,
+                 help="where the copy goes (must not exist unless --force/--resume)")
     p.add_argument("--ocdbt", action=argparse.BooleanOptionalAction, default=None,
                    help="OCDBT (--ocdbt) or per-parameter directories (--no-ocdbt); default: as SRC")
     z = p.add_mutually_exclusive_group()
@@ -76,14 +77,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--force", action="store_true", help="replace an existing DST")
     p.add_argument("--no-sync", dest="sync", action="store_false",
                    help="do not fsync local files (faster, not crash-durable)")
-    p.add_argument("-S", "--storage-option", metavar="K=V", action="append", default=[],
-                   type=parse_storage_option, dest="storage_option",
-                   help="fsspec storage option for SRC, and for DST when it has the same URL scheme (repeatable)")
     p.add_argument("--dst-storage-option", metavar="K=V", action="append", default=[],
                    type=parse_storage_option, help="fsspec storage option for DST (repeatable; replaces -S for DST)")
-    p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
-    add_json(p)
-    add_common(p)
     p.set_defaults(func=run)
 
 
