@@ -36,9 +36,21 @@ def build_tree(items: Iterable[tuple[Sequence[tuple[str, int]], Any]]) -> Any:
     kinds: dict[int, bool] = {}
     seqs: list[tuple[dict[str, Any], dict[str, Any] | None, str | None]] = []  # (node, parent, key)
     bare: list[Any] = []
+    # leaves come in runs under one parent: the container of the previous leaf is reused when
+    # the key path up to the last key is the same (checked on the way down the first time)
+    last_parent: Any = None
+    last_node: dict[str, Any] | None = None
     for keys, value in items:
         if not keys:
             bare.append(value)
+            continue
+        if last_node is not None and keys[:-1] == last_parent:
+            name, kt = keys[-1]
+            if kinds[id(last_node)] != (kt == KEY_SEQUENCE):
+                raise CorruptionError(f"tree metadata mixes list and dict keys at {dotted(k for k, _ in keys)!r}")
+            if name in last_node:
+                raise CorruptionError(f"tree metadata names {dotted(k for k, _ in keys)!r} twice")
+            last_node[name] = value
             continue
         if root is None:
             root = {}
@@ -57,6 +69,7 @@ def build_tree(items: Iterable[tuple[Sequence[tuple[str, int]], Any]]) -> Any:
                 if child is not _MISSING:
                     raise CorruptionError(f"tree metadata names {dotted(k for k, _ in keys)!r} twice")
                 node[name] = value
+                last_parent, last_node = keys[:-1], node
             else:
                 if child is _MISSING:
                     child = {}
