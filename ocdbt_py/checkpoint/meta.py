@@ -186,7 +186,10 @@ def item_metadata(item: PyTreeItem, *, stored_sizes: bool | None = None) -> Any:
     shardings = item.shardings() if arrays else {}
     ams = item.array_metadatas() if arrays else {}
     strings_needed = any(leaf.kind == STRING for leaf in leaves)
-    values = [_leaf_metadata(item, leaf, summaries, sizes, shardings, ams, strings_needed) for leaf in leaves]
+    # per parameter, the LeafMetadata fields from the shape to the codecs, then the sharding
+    rows = {p: (s["shape"], s["dtype"], s["chunks"], s["nbytes"], *sizes.get(p, (None, None)), s["zarr_format"],
+                s["codecs"], shardings.get(p) if shardings else None) for p, s in summaries.items()}
+    values = [_leaf_metadata(item, leaf, rows, ams, strings_needed) for leaf in leaves]
     return build_tree([(leaf.keys, v) for leaf, v in zip(leaves, values)])
 
 
@@ -293,17 +296,14 @@ def _dir_sizes(item: PyTreeItem, params: Sequence[str], raws: dict[str, tuple[st
     return out
 
 
-def _leaf_metadata(item: PyTreeItem, leaf: Leaf, summaries: dict[str, dict[str, Any]],
-                   sizes: dict[str, tuple[int, int]], shardings: dict[str, Any],
+def _leaf_metadata(item: PyTreeItem, leaf: Leaf, rows: dict[str, tuple[Any, ...]],
                    ams: dict[str, dict[str, Any]], strings: bool) -> LeafMetadata:
     kind = leaf.kind
     if kind in (ARRAY, SCALAR):
         p = item.data_param(leaf)
-        s = summaries[p]
-        stored, nstored = sizes.get(p, (None, None))
-        md = LeafMetadata(leaf.param_name, leaf.path, kind, leaf.value_type, s["shape"], s["dtype"], s["chunks"],
-                          s["nbytes"], stored, nstored, s["zarr_format"], s["codecs"], leaf.write_shape,
-                          shardings.get(p) if shardings else None)
+        shape, dtype, chunks, nbytes, stored, nstored, zarr_format, codecs, sharding = rows[p]
+        md = LeafMetadata(leaf.param_name, leaf.path, kind, leaf.value_type, shape, dtype, chunks, nbytes, stored,
+                          nstored, zarr_format, codecs, leaf.write_shape, sharding)
         am = ams.get(p) if ams else None
         if am is not None:
             if md.write_shape is None and isinstance(am.get("write_shape"), list):
