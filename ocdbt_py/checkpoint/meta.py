@@ -202,7 +202,6 @@ def _scan_ocdbt(item: PyTreeItem, params: Sequence[str], *, want_sizes: bool
     """
     prefer = "zarr.json" if item.use_zarr3 else ".zarray"
     pbs = [p.encode("utf-8", "surrogateescape") for p in params]
-    wanted = dict(zip(pbs, params))
     ids = {pb: j for j, pb in enumerate(pbs)}
     raws: dict[str, tuple[str, bytes]] = {}
     out_of_line: dict[str, str] = {}
@@ -218,8 +217,11 @@ def _scan_ocdbt(item: PyTreeItem, params: Sequence[str], *, want_sizes: bool
             for i in metas:
                 k = keys[i]
                 name, pb = (".zarray", k[:-8]) if k[-1] == 0x79 else ("zarr.json", k[:-10])  # 'y'
-                p = wanted.get(pb)
-                if p is not None and (name == prefer or (p not in raws and p not in pend)):
+                j = ids.get(pb)
+                if j is None:
+                    continue
+                p = params[j]
+                if name == prefer or (p not in raws and p not in pend):
                     pend[p] = (i, name)
             for (p, (_, name)), inline in zip(pend.items(), cols.inline([i for i, _ in pend.values()])):
                 if inline is not None:
