@@ -10,6 +10,8 @@ its chunks are decoded.  Remote stores keep using :meth:`KvStore.get_many`.
 
 Locations come only from validated keys (the OCDBT data-file paths are checked like every
 key), every read must return exactly the bytes requested, and a short read is corruption.
+Files are opened, and per-chunk files found, with no symbolic link followed below the store's
+root (see :func:`ocdbt_py.kvstore.local.open_beneath`).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from ocdbt_py.checkpoint.restore.locations import scan_locations
 from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.keys import validate_key
+from ocdbt_py.kvstore.local import open_beneath, open_dir_beneath, symlink_error
 
-__all__ = ["Located", "LocalSource", "local_root"]
+__all__ = ["Located", "LocalSource", "local_root", "local_anchor"]
 
 #: Neighbouring chunks of one file at most this far apart are read with one request...
 COALESCE_GAP = 64 << 10
@@ -69,6 +72,23 @@ def local_root(kv: KvStore) -> str | None:
     return os.path.join(kv.root, *[seg for p in reversed(parts) for seg in p.split("/")])
 
 
+def local_anchor(kv: KvStore) -> str | None:
+    """The root of the local store below ``kv``'s prefix views: no link below it is followed."""
+    from ocdbt_py.kvstore.local import LocalStore
+    from ocdbt_py.kvstore.prefixed import PrefixStore
+
+    while isinstance(kv, PrefixStore):
+        kv = kv.base
+    return kv.root if isinstance(kv, LocalStore) else None
+
+
+def _relkey(anchor: str, path: str) -> str:
+    rel = os.path.relpath(path, anchor)
+    if rel == os.curdir or rel.startswith(os.pardir):
+        raise StorageError(f"{path} is not below {anchor}")
+    return rel.replace(os.sep, "/")
+
+
 class LocalSource:
     """Locates and reads chunk keys of one item stored on the local filesystem.
 
@@ -78,8 +98,10 @@ class LocalSource:
     """
 
     def __init__(self, locate: Callable[[Sequence[str]], list[Located | None]],
-                 table: dict[str, Located] | None = None):
+                 table: dict[str, Located] | None = None, anchor: str | None = None):
         self.locate = locate
+        #: the store root: files below it are opened with no link followed
+        self.anchor = anchor
         #: for OCDBT items: every key's location (inline values included), from one B+tree scan
         self.table = table
         self.pool = SlabPool(POOL_BYTES, COALESCE_MAX)
@@ -88,7 +110,7 @@ class LocalSource:
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def for_ocdbt(cls, databases: Sequence[tuple[str, Any]]) -> LocalSource:
+    def for_ocdbt(cls, databases: Sequence[tuple[str, Any]], anchor: str | None = None) -> LocalSource:
         """``databases``: ``(local root directory, OcdbtStore)`` pairs, searched in order."""
         table: dict[str, Located] = {}
         for root, db in databases:
@@ -103,28 +125,23 @@ class LocalSource:
                 if path is None:
                     path = paths[fkey] = os.path.join(root, *fkey.split("/"))
                 table[k] = Located(path, offset, length)
-        return cls(lambda keys: [table.get(k) for k in keys], table)
+        return cls(lambda keys: [table.get(k) for k in keys], table, anchor)
 
     @classmethod
-    def for_dirs(cls, root: str) -> LocalSource:
+    def for_dirs(cls, root: str, anchor: str | None = None) -> LocalSource:
         """Per-parameter directories below ``root``: each chunk key is a file."""
+        base = anchor if anchor is not None else root
 
         def locate(keys: Sequence[str]) -> list[Located | None]:
             out: list[Located | None] = []
             for k in keys:
                 validate_key(k)
                 path = os.path.join(root, *k.split("/"))
-                try:
-                    st = os.stat(path)
-                except (FileNotFoundError, NotADirectoryError):
-                    out.append(None)
-                    continue
-                except OSError as e:
-                    raise StorageError(f"cannot stat {path}: {e.strerror}") from e
-                out.append(Located(path, 0, st.st_size) if not _isdir(st) else None)
+                st = _lstat_beneath(base, path)
+                out.append(Located(path, 0, st.st_size) if st is not None and not _isdir(st) else None)
             return out
 
-        return cls(locate)
+        return cls(locate, anchor=anchor)
 
     # -- reading ---------------------------------------------------------------------------
     def _fd(self, path: str) -> int:
@@ -134,7 +151,10 @@ class LocalSource:
                 fd = self._fds.get(path)
                 if fd is None:
                     try:
-                        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                        if self.anchor is not None:
+                            fd = open_beneath(self.anchor, _relkey(self.anchor, path))
+                        else:
+                            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                     except FileNotFoundError as e:
                         raise CorruptionError(f"data file {path} referenced by the checkpoint is missing") from e
                     except OSError as e:
@@ -264,6 +284,33 @@ class LocalSource:
 
     def __del__(self) -> None:
         self.close()
+
+
+def _lstat_beneath(base: str, path: str) -> os.stat_result | None:
+    """``lstat`` of ``path`` below ``base`` with no directory link followed (``None``: absent);
+    a link raises :class:`StorageError`."""
+    import stat
+
+    parts = _relkey(base, path).split("/")
+    try:
+        dfd = open_dir_beneath(base, parts[:-1])
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except StorageError:
+        raise
+    except OSError as e:
+        raise StorageError(f"cannot stat {path}: {e.strerror}") from e
+    try:
+        st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise StorageError(f"cannot stat {path}: {e.strerror}") from e
+    finally:
+        os.close(dfd)
+    if stat.S_ISLNK(st.st_mode):
+        raise symlink_error("file://" + base, "/".join(parts))
+    return st
 
 
 def _isdir(st: os.stat_result) -> bool:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ocdbt_py.checkpoint.restore.gcpause import paused_gc
-from ocdbt_py.checkpoint.restore.localread import LocalSource, local_root
+from ocdbt_py.checkpoint.restore.localread import LocalSource, local_anchor, local_root
 from ocdbt_py.checkpoint.restore.pages import small_pages
 from ocdbt_py.checkpoint.restore.remoteread import Prefetch, RemoteSource
 from ocdbt_py.checkpoint.restore.storage import ArrayStore
@@ -215,11 +215,13 @@ class ArrayReader:
             src: LocalSource | None = None
             root = local_root(self.store.item_kv) if self.store.item_kv is not None else None
             if root is not None:
+                anchor = local_anchor(self.store.item_kv)  # type: ignore[arg-type]
                 if self.store.databases:
                     src = LocalSource.for_ocdbt([(os.path.join(root, *p.split("/")) if p else root, db)
-                                                 for p, db in zip(self.store.db_prefixes, self.store.databases)])
+                                                 for p, db in zip(self.store.db_prefixes, self.store.databases)],
+                                                anchor)
                 else:
-                    src = LocalSource.for_dirs(root)
+                    src = LocalSource.for_dirs(root, anchor)
             self._local = src
         return self._local if isinstance(self._local, LocalSource) else None
 
