@@ -14,7 +14,10 @@ version tree), then walks the B+tree of every generation and
 * checks that every referenced byte range (nodes and out-of-line values) lies within its
   data file, asking each file's size once.
 
-Nodes shared between generations are checked once (by location).  Problems are collected
+A node reached twice within one generation's tree (parent entries sharing a subtree: a DAG,
+which TensorStore never writes and which can make a few KB describe 10^9 keys) is reported
+once and not walked again.  Nodes shared between generations are checked once (by
+location).  Problems are collected
 rather than raised, up to ``max_problems``; a missing or truncated data file is one problem
 that counts the references it breaks.  Memory stays bounded: nodes are decoded a window at a
 time and only small per-node summaries (capped in number) are remembered.
@@ -241,6 +244,8 @@ class _Verifier:
         self.memo: OrderedDict[tuple[IndirectDataReference, bytes], _Summary] = OrderedDict()
         self.memo_bytes = 0
         self.generation: int | None = None
+        #: (file, offset) of every b+tree node reached in the current generation's walk
+        self.gen_nodes: set[tuple[object, int]] = set()
 
     # -- problems ----------------------------------------------------------------------------
     def problem(self, file: str | None | Problem, message: str = "", offset: int | None = None) -> None:
@@ -372,6 +377,7 @@ class _Verifier:
     def version(self, v: BtreeGenerationReference) -> None:
         self.generation = v.generation_number
         self.report.versions += 1
+        self.gen_nodes = set()
         if v.root is not None:
             s = self.subtree(v.root, v.root_height, b"", b"", None, None)
             if s is not None and s.stats != v.statistics:
@@ -448,7 +454,14 @@ class _Verifier:
         hi: bytes | None,
         data: bytes | None,
     ) -> _Summary | None:
-        """Check the subtree at ``ref``; ``None`` if its root node is unreadable."""
+        """Check the subtree at ``ref``; ``None`` if its root node is unreadable (or shared)."""
+        loc = (ref.file, ref.offset)
+        if loc in self.gen_nodes:
+            self.problem(self.reader.file_key(ref.file), "b+tree node is shared: a second parent entry "
+                         "references it in the same generation (a DAG, not a tree); not walked again",
+                         ref.offset)
+            return None
+        self.gen_nodes.add(loc)
         mkey = (ref, prefix)
         s = self.memo.get(mkey)
         if s is None:
