@@ -136,6 +136,13 @@ class CodecChain:
         return self.bounds[-1]
 
     # -- decoding ------------------------------------------------------------------------
+    def check_decodable(self, data: Buffer) -> None:
+        """Cheap check that stored ``data`` can decode to this chunk (its outermost codec
+        judges from the header and length); call it before allocating a chunk buffer."""
+        if self.bb:
+            i = len(self.bb) - 1
+            self.bb[i].check_decodable(data, self.sizes[i])
+
     def _decode_bytes(self, data: Buffer, scratch: memoryview | None) -> Buffer:
         """Undo the bytes->bytes codecs; the result may live in ``scratch``."""
         bb = self.bb

@@ -41,6 +41,7 @@ from ocdbt_py.checkpoint.restore.storage import ArrayStore
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request, slice_range
 from ocdbt_py.kvstore.prefixed import PrefixStore
+from zarr3._alloc import empty
 
 __all__ = ["ArrayReader", "LazyArray", "OverlayStore"]
 
@@ -395,7 +396,8 @@ class ArrayReader:
                        done: Callable[[int], None] | None = None) -> Iterator[tuple[str, np.ndarray]]:
         """Decode arrays of exactly one chunk straight into their outputs, on the worker pool."""
         with small_pages():
-            outs: list[np.ndarray] = [np.empty(m.shape, dtype=m.data_type.dtype) for _, m in batch]
+            outs: list[np.ndarray] = [empty(m.shape, m.data_type.dtype, f"restoring array {p!r}")
+                                      for p, m in batch]
         for (p, _), key, raw in zip(batch, keys, datas):
             if raw is None and not self.fill_missing:
                 raise CorruptionError(
@@ -473,7 +475,7 @@ class ArrayReader:
             shape = tuple(m.shape)
             cs = tuple(m.chunk_shape)
             if r0 is None and r1 is None and shape == cs:  # the common case: one chunk, no edge
-                out = np.empty(shape, dtype=m.data_type.dtype)
+                out = empty(shape, m.data_type.dtype, f"restoring array {p!r}")
                 results.append((req, out))
                 biggest = max(biggest, out.nbytes)
                 ck = whole_key.get(id(m))
@@ -486,7 +488,7 @@ class ArrayReader:
             if shape and (lo % cs[0] or (hi % cs[0] and hi != shape[0]) or lo > hi):
                 raise ValueError(f"rows [{lo}, {hi}) of {p!r} do not fall on chunk boundaries of {cs[0]}")
             out_shape = ((hi - lo,) + shape[1:]) if shape else ()
-            out = np.empty(out_shape, dtype=m.data_type.dtype)
+            out = empty(out_shape, m.data_type.dtype, f"restoring array {p!r}")
             results.append((req, out))
             biggest = max(biggest, math.prod(cs) * out.dtype.itemsize)
             grid = [range(-(-s // c)) if c else range(0) for s, c in zip(shape, cs)]
