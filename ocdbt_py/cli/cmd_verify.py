@@ -23,6 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_version(g, help="check only version V (a generation number or an ISO-8601 time)")
     p.add_argument("--max-problems", type=int, default=20, metavar="N",
                    help="stop after N problems (default 20)")
+    p.add_argument("--data", action="store_true",
+                   help="also decode every chunk of every Zarr array (checkpoint parameters) in the "
+                   "latest (or selected) version and report the chunks that fail")
     add_json(p)
     add_progress(p)
     p.set_defaults(func=run)
@@ -48,11 +51,11 @@ def run(args: argparse.Namespace) -> int:
         if args.version is not None:
             target: object = open_database(args)
             report = verify(target, all_versions=False, progress=progress,  # type: ignore[arg-type]
-                            max_problems=args.max_problems)
+                            max_problems=args.max_problems, data=args.data)
         else:
             kv = open_kvstore_checked(args)
             report = verify(kv, all_versions=not args.latest, progress=progress,
-                            max_problems=args.max_problems)
+                            max_problems=args.max_problems, data=args.data)
     if args.json:
         print_json(report.to_json())
     else:

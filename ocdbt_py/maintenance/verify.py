@@ -42,6 +42,7 @@ from ocdbt_py.format.data_file_table import IndirectDataReference, Statistics
 from ocdbt_py.format.manifest import Manifest
 from ocdbt_py.format.version_tree import BtreeGenerationReference, VersionNodeReference
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.maintenance.verify_data import DataReport, verify_data
 
 if TYPE_CHECKING:
     from ocdbt_py.read.node_reader import NodeReader
@@ -112,11 +113,13 @@ class VerifyReport:
     value_bytes: int = 0
     data_files: int = 0
     complete: bool = True
+    #: with ``verify(data=True)``: the chunk decoding pass (:mod:`.verify_data`)
+    data: DataReport | None = None
 
     @property
     def ok(self) -> bool:
-        """True when no problem was found."""
-        return not self.problems
+        """True when no problem was found (nor a chunk that fails to decode)."""
+        return not self.problems and (self.data is None or self.data.ok)
 
     @property
     def bytes_checked(self) -> int:
@@ -127,6 +130,7 @@ class VerifyReport:
         """Plain JSON data (problems as objects)."""
         out = dataclasses.asdict(self)
         out["problems"] = [p.to_json() for p in self.problems]
+        out["data"] = None if self.data is None else self.data.to_json()
         out["ok"] = self.ok
         out["bytes_checked"] = self.bytes_checked
         return out
@@ -145,7 +149,7 @@ class VerifyReport:
     def format(self) -> str:
         """A human-readable multi-line report."""
         lines = []
-        if self.ok:
+        if not self.problems:
             lines.append(f"OK: {self.url}")
         else:
             more = "" if self.complete else f" (stopped after the first {len(self.problems)})"
@@ -153,6 +157,8 @@ class VerifyReport:
             lines.append(f"FAILED: {self.url}: {n} problem{_s(n)}{more}")
             lines.extend(f"  {p}" for p in self.problems)
         lines.append(self.summary())
+        if self.data is not None:
+            lines.append(self.data.format())
         return "\n".join(lines)
 
 
@@ -567,6 +573,7 @@ def verify(
     progress: Callable[[VerifyReport], None] | None = None,
     max_problems: int = 100,
     storage_options: dict[str, Any] | None = None,
+    data: bool = False,
 ) -> VerifyReport:
     """Check the integrity of an OCDBT database; see the module docstring for what is checked.
 
@@ -575,6 +582,9 @@ def verify(
     selected version, or the latest for a location.  ``progress`` is called often with the
     report being filled in.  Returns a :class:`VerifyReport` (a corrupt manifest is a problem
     too); raises :class:`~ocdbt_py.errors.NotFoundError` when there is no database at all.
+    With ``data=True`` every chunk of every Zarr array in the selected (or latest) version is
+    decoded too, once the structure is clean (:func:`~.verify_data.verify_data`; the result
+    is ``report.data``).
     """
     from ocdbt_py.kvstore import open_kvstore
     from ocdbt_py.read.cache import LruCache
@@ -623,4 +633,7 @@ def verify(
         report.complete = False
     finally:
         sys.setrecursionlimit(limit)
+    if data and not report.problems:
+        target = db_or_url if isinstance(db_or_url, OcdbtStore) else OcdbtStore(kv)
+        report.data = verify_data(target, max_problems=max_problems)
     return report

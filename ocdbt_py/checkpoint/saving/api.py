@@ -82,6 +82,7 @@ class _Options:
     copy: bool
     workers: int
     sync: bool
+    checksum: bool = False
 
 
 @dataclasses.dataclass
@@ -107,7 +108,7 @@ def _spec(name: str, shape: tuple[int, ...], dtype: np.dtype[Any], write_shape: 
     limit = chunk_byte_limit(write_shape, dtype.itemsize, opts.chunk_byte_size, opts.target_data_file_size)
     chunk = choose_chunk_shape(shape, write_shape, dtype.itemsize, limit)
     return ArraySpec(name, shape, dtype, tuple(write_shape), chunk,
-                     3 if opts.use_zarr3 else 2, opts.use_compression)
+                     3 if opts.use_zarr3 else 2, opts.use_compression, opts.checksum)
 
 
 def _host_array(value: Any, where: str) -> np.ndarray:
@@ -252,6 +253,7 @@ def save(
     force: bool = False,
     use_zarr3: bool = False,
     use_compression: bool = True,
+    checksum: bool = False,
     chunk_byte_size: int | None = None,
     ocdbt_target_data_file_size: int | None = None,
     custom_metadata: Mapping[str, Any] | None = None,
@@ -283,6 +285,11 @@ def save(
     * ``force``: replace an existing checkpoint (otherwise :class:`CheckpointExistsError`).
     * ``use_zarr3``, ``use_compression``, ``chunk_byte_size``, ``ocdbt_target_data_file_size``:
       as Orbax's ``PyTreeCheckpointHandler`` / ``SaveArgs`` options (applied to every array).
+    * ``checksum``: make stored chunks self-checking, so a flipped byte is an error on restore
+      (and in ``ocdbt verify --data``) instead of silently different values: zstd frames carry
+      their content checksum, and with ``use_zarr3`` each chunk also ends in the Zarr v3
+      ``crc32c`` codec (TensorStore and Orbax read both).  Zarr v2 without compression has
+      nowhere to put a checksum: ``ValueError``.
     * ``custom_metadata``: JSON stored in ``_CHECKPOINT_METADATA``;
       ``pytree_custom_metadata``: JSON stored in ``_METADATA`` (``PyTreeSave(custom_metadata=)``).
     * ``handler``: ``"standard"`` or ``"pytree"`` (handler name recorded for the item; default:
@@ -321,8 +328,11 @@ def save(
     if target is None:  # Orbax's defaults: 400 MiB on GCS, 2 GiB elsewhere
         gcs = isinstance(path, str) and path.startswith(("gs://", "gcs://"))
         target = GCS_TARGET_DATA_FILE_SIZE if gcs else DEFAULT_TARGET_DATA_FILE_SIZE
+    if checksum and not use_zarr3 and not use_compression:
+        raise ValueError("checksum=True needs use_compression=True or use_zarr3=True (uncompressed "
+                         "Zarr v2 chunks have nowhere to keep a checksum)")
     opts = _Options(use_zarr3, use_compression, chunk_byte_size, target, bool(replica_parallel), bool(copy),
-                    workers or default_workers(), sync)
+                    workers or default_workers(), sync, bool(checksum))
 
     if composite:
         if not isinstance(tree, Mapping) or not tree:

@@ -7,6 +7,9 @@
   whose inner chunk equals the chunk grid (bytes + zstd level 3, index bytes + crc32c at the
   end), and chunks ``<param>/c/i/j`` (``<param>/c``): the inner chunk's encoding followed by
   the 16-byte index ``(offset 0, length)`` and its CRC-32C.
+* With ``checksum``: zstd frames carry their content checksum (v2 metadata is unchanged:
+  the frame says so itself), and v3 inner chunks use ``zstd`` with ``checksum: true``
+  followed by the ``crc32c`` codec (the chunk ends in the CRC-32C of what precedes it).
 
 Metadata bytes come from :mod:`zarr3` and equal TensorStore's output byte for byte.  Chunks
 are encoded straight from the caller's buffer (no copy for a contiguous whole chunk) and large
@@ -24,6 +27,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import crc32c as _crc32c_mod
 import numpy as np
 
 from ocdbt_py.checkpoint.saving.ocdbt_build import StoredValue, ValueSink
@@ -65,10 +69,11 @@ def storage_dtype(dtype: Any) -> np.dtype[Any]:
 
 @functools.lru_cache(maxsize=4096)
 def zarr_metadata(
-    shape: tuple[int, ...], dtype: np.dtype[Any], chunk_shape: tuple[int, ...], zarr_format: int, compression: bool
+    shape: tuple[int, ...], dtype: np.dtype[Any], chunk_shape: tuple[int, ...], zarr_format: int, compression: bool,
+    checksum: bool = False,
 ) -> bytes:
     """``.zarray`` / ``zarr.json`` bytes as TensorStore writes them for Orbax."""
-    from zarr3.codecs import BytesCodec, ShardingCodec, ZstdCodec, compressor_from_v2
+    from zarr3.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec, compressor_from_v2
     from zarr3.dtypes import data_type_from_numpy, v2_dtype_string
     from zarr3.fill_value import default_fill_value
     from zarr3.metadata_v2 import ArrayMetadataV2
@@ -85,7 +90,9 @@ def zarr_metadata(
     else:
         inner: list[Any] = [BytesCodec()]
         if compression:
-            inner.append(ZstdCodec(level=3, checksum=False))
+            inner.append(ZstdCodec(level=3, checksum=checksum))
+        if checksum:
+            inner.append(Crc32cCodec())
         meta = ArrayMetadataV3(
             shape=shape, data_type=dt, chunk_shape=chunk_shape, fill_value=default_fill_value(dt),
             codecs=[ShardingCodec(chunk_shape, inner, None, "end")],
@@ -104,6 +111,7 @@ class ArraySpec:
     chunk_shape: tuple[int, ...]
     zarr_format: int = 2
     compression: bool = True
+    checksum: bool = False
 
     @property
     def metadata_key(self) -> str:
@@ -112,7 +120,8 @@ class ArraySpec:
 
     def metadata_bytes(self) -> bytes:
         """The Zarr metadata document."""
-        return zarr_metadata(self.shape, self.dtype, self.chunk_shape, self.zarr_format, self.compression)
+        return zarr_metadata(self.shape, self.dtype, self.chunk_shape, self.zarr_format, self.compression,
+                             self.checksum)
 
     def chunk_key(self, coords: Sequence[int]) -> str:
         """OCDBT key of the chunk at grid position ``coords``."""
@@ -170,30 +179,34 @@ class Compressors:
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def get(self, level: int) -> Any:
-        """This thread's compressor for ``level``."""
+    def get(self, level: int, checksum: bool = False) -> Any:
+        """This thread's compressor for ``level`` (writing frame checksums or not)."""
         import zstandard
 
         cache = getattr(self._local, "c", None)
         if cache is None:
             cache = self._local.c = {}
-        c = cache.get(level)
+        c = cache.get((level, checksum))
         if c is None:
-            c = cache[level] = zstandard.ZstdCompressor(level=level, write_checksum=False)
+            c = cache[(level, checksum)] = zstandard.ZstdCompressor(level=level, write_checksum=checksum)
         return c
 
 
 class _Counting:
     """Passes writes to a :class:`ValueSink`, counting bytes (zstd's ``stream_writer`` target)."""
 
-    __slots__ = ("sink", "n")
+    __slots__ = ("sink", "n", "crc")
 
-    def __init__(self, sink: ValueSink):
+    def __init__(self, sink: ValueSink, crc: bool = False):
         self.sink = sink
         self.n = 0
+        #: running CRC-32C of what was written (``None``: not computed)
+        self.crc: int | None = 0 if crc else None
 
     def write(self, data: bytes) -> int:
         self.n += len(data)
+        if self.crc is not None:
+            self.crc = _crc32c_update(data, self.crc)
         return self.sink.write(data)
 
     def flush(self) -> None:
@@ -204,18 +217,28 @@ def encode_chunk(spec: ArraySpec, view: np.ndarray, sink: ValueSink, compressors
     """Encode one chunk into ``sink``; returns what the leaf entry stores."""
     raw = _chunk_bytes(spec, view)
     level = spec.zstd_level
+    trailer = spec.checksum and spec.zarr_format == 3  # the crc32c codec after zstd
+    crc = 0
     if level is None:
         sink.write(raw)
         inner = raw.nbytes
+        if trailer:
+            crc = _crc32c_update(raw, 0)
     elif raw.nbytes <= ONE_SHOT_BYTES:
-        comp = compressors.get(level).compress(raw)
+        comp = compressors.get(level, spec.checksum).compress(raw)
         sink.write(comp)
         inner = len(comp)
+        if trailer:
+            crc = _crc32c_update(comp, 0)
     else:
-        counter = _Counting(sink)
-        with compressors.get(level).stream_writer(counter, size=raw.nbytes, closefd=False) as w:
+        counter = _Counting(sink, trailer)
+        with compressors.get(level, spec.checksum).stream_writer(counter, size=raw.nbytes, closefd=False) as w:
             w.write(raw)
         inner = counter.n
+        crc = counter.crc or 0
+    if trailer:
+        sink.write(crc.to_bytes(4, "little"))
+        inner += 4
     if spec.zarr_format == 3:
         index = _INDEX.pack(0, inner)
         sink.write(index + crc32c(index).to_bytes(4, "little"))
@@ -226,11 +249,17 @@ def encode_small(spec: ArraySpec, view: np.ndarray, compressors: Compressors) ->
     """The stored value of a small chunk (at most :data:`ONE_SHOT_BYTES`), encoded in memory."""
     raw = _chunk_bytes(spec, view)
     level = spec.zstd_level
-    inner = raw.tobytes() if level is None else compressors.get(level).compress(raw)
+    inner = raw.tobytes() if level is None else compressors.get(level, spec.checksum).compress(raw)
+    if spec.checksum and spec.zarr_format == 3:
+        inner += crc32c(inner).to_bytes(4, "little")
     if spec.zarr_format == 3:
         index = _INDEX.pack(0, len(inner))
         return b"".join((inner, index, crc32c(index).to_bytes(4, "little")))
     return inner
+
+
+def _crc32c_update(data: Any, crc: int) -> int:
+    return int(_crc32c_mod.crc32c(data, crc))
 
 
 def nbytes_of(shape: Sequence[int], dtype: np.dtype[Any]) -> int:
