@@ -500,7 +500,9 @@ def test_version_tree_damage() -> None:
     assert [v.generation for v in with_refs(m.version_nodes).versions()] == list(range(1, 10))
     top = m.version_nodes[0]
     # wrong last generation, and a reference to a node of another height
-    wrong_gen = dataclasses.replace(top, generation_number=top.generation_number - 1)
+    # (claiming no more generations than fit below it, which the manifest decoder checks)
+    wrong_gen = dataclasses.replace(top, generation_number=top.generation_number - 1,
+                                    num_generations=top.num_generations - 1)
     low = m.version_nodes[1]
     wrong_height = dataclasses.replace(low, location=top.location)
     for refs, damaged, intact in (((wrong_gen,) + m.version_nodes[1:], 1, 5), ((top, wrong_height), 5, 1)):
