@@ -2,8 +2,8 @@
 
 The chunk formats carry no value checksum by default (OCDBT checksums only its own nodes), so
 a flipped byte inside a stored chunk decodes to different values.  ``save(checksum=True)``
-writes zstd frames with their content checksum and, with ``use_zarr3``, the ``crc32c`` codec
-after each chunk; restores then fail loudly on a flipped byte, and ``verify(data=True)`` /
+writes Zarr v2 zstd frames with their content checksum and, with ``use_zarr3``, the
+``crc32c`` codec after each chunk; restores then fail loudly on a flipped byte, and ``verify(data=True)`` /
 ``ocdbt verify --data`` name the damaged chunk.  TensorStore, Orbax and zarr-python/numcodecs
 still read what we write.
 """
@@ -16,6 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import pytest
 import zstandard
@@ -98,12 +99,14 @@ def test_checksum_frames_and_codecs_are_written(tmp_path: Path) -> None:
         if zarr3_:
             inner = meta["codecs"][0]["configuration"]["codecs"]
             assert [c["name"] for c in inner] == ["bytes", "zstd", "crc32c"]
-            assert inner[1]["configuration"]["checksum"] is True
             frame = value[: -16 - 4 - 4]  # less the shard index (+ its crc) and the crc32c trailer
+            crc = int.from_bytes(value[-16 - 4 - 4: -16 - 4], "little")
+            assert crc == crc32c.crc32c(frame)  # the crc32c codec covers the compressed bytes
         else:
             assert meta["compressor"] == {"id": "zstd", "level": 1}  # unchanged for peers
             frame = value
-        assert zstandard.get_frame_parameters(frame).has_checksum
+            assert zstandard.get_frame_parameters(frame).has_checksum
+        zstandard.ZstdDecompressor().decompress(frame)
 
 
 def test_checksum_needs_somewhere_to_go(tmp_path: Path) -> None:

@@ -286,8 +286,8 @@ def save(
     * ``use_zarr3``, ``use_compression``, ``chunk_byte_size``, ``ocdbt_target_data_file_size``:
       as Orbax's ``PyTreeCheckpointHandler`` / ``SaveArgs`` options (applied to every array).
     * ``checksum``: make stored chunks self-checking, so a flipped byte is an error on restore
-      (and in ``ocdbt verify --data``) instead of silently different values: zstd frames carry
-      their content checksum, and with ``use_zarr3`` each chunk also ends in the Zarr v3
+      (and in ``ocdbt verify --data``) instead of silently different values: Zarr v2 zstd
+      frames carry their content checksum; with ``use_zarr3`` each chunk ends in the Zarr v3
       ``crc32c`` codec (TensorStore and Orbax read both).  Zarr v2 without compression has
       nowhere to put a checksum: ``ValueError``.
     * ``custom_metadata``: JSON stored in ``_CHECKPOINT_METADATA``;
