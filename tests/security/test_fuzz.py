@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.timeout(300),
 
 
 def targets() -> list[dict[str, Any]]:
-    """The manifest, the first version-tree node and the latest root B+tree node."""
+    """The manifest, the last version-tree node and the last B+tree node of the fixture listing."""
     oracle = json.loads((FIXTURES / f"{FIXTURE}.expected.json").read_text())
     manifest = (FIXTURES / FIXTURE / "manifest.ocdbt").read_bytes()
     out = [{"kind": "manifest", "file": "manifest.ocdbt", "offset": 0, "length": len(manifest)}]
