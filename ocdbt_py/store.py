@@ -12,12 +12,10 @@ from typing import TYPE_CHECKING, Any, Union
 from ocdbt_py.errors import (
     ConditionFailedError,
     CorruptionError,
-    InvalidKeyError,
     NotFoundError,
     ReadOnlyError,
     UnsupportedError,
 )
-from ocdbt_py.format.btree import MAX_KEY_LENGTH
 from ocdbt_py.format.config import MANIFEST_KIND_NUMBERED, Config
 from ocdbt_py.format.data_file_table import IndirectDataReference
 from ocdbt_py.format.manifest import Manifest
@@ -27,9 +25,12 @@ from ocdbt_py.kvstore.base import ByteRange, ReadRequest, check_range, normalize
 from ocdbt_py.read.btree_read import iterate, iterate_keys, lookup, lookup_many
 from ocdbt_py.read.cache import LruCache
 from ocdbt_py.read.node_reader import NodeReader
+from ocdbt_py.read.snapshot import KeyLike, Snapshot, key_bounds, to_key
 from ocdbt_py.read.version_read import all_versions, find_generation, find_time, read_manifest
 from ocdbt_py.timeutil import format_nanoseconds, to_nanoseconds
+from ocdbt_py.write import open_writer
 from ocdbt_py.write.mutations import ANY as _ANY
+from ocdbt_py.write.transaction import Transaction
 
 __all__ = ["open", "OcdbtStore", "VersionInfo", "Entry", "Version"]
 
@@ -38,24 +39,10 @@ _VIEW_LOCK = threading.Lock()
 
 if TYPE_CHECKING:
     from ocdbt_py.write.commit import Writer
-    from ocdbt_py.write.transaction import Transaction
 
 
 #: A version selector: a generation number, an ISO-8601 time string, or a ``datetime``.
 Version = Union[int, str, _dt.datetime]
-KeyLike = Union[bytes, bytearray, memoryview, str]
-
-
-def _key(key: KeyLike) -> bytes:
-    if isinstance(key, str):
-        k = key.encode("utf-8")
-    elif isinstance(key, (bytes, bytearray, memoryview)):
-        k = bytes(key)
-    else:
-        raise TypeError(f"keys are bytes or str, not {type(key).__name__}")
-    if len(k) > MAX_KEY_LENGTH:
-        raise InvalidKeyError(f"key of {len(k)} bytes exceeds {MAX_KEY_LENGTH}")
-    return k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +92,11 @@ class OcdbtStore:
     open; call :meth:`refresh` to see commits made since.
     """
 
+    _manifest: Manifest
+    _manifest_key: str
+    _reader: NodeReader
+    _selected: BtreeGenerationReference | None
+
     def __init__(
         self,
         kv: KvStore,
@@ -112,12 +104,22 @@ class OcdbtStore:
         version: Version | None = None,
         cache_bytes: int = 64 << 20,
         writer: Writer | None = None,
+        view_of: OcdbtStore | None = None,
     ):
         self.kvstore = kv
-        self._cache: LruCache[object] = LruCache(cache_bytes)
         self._version_spec = version
+        if view_of is not None:  # at(): a read-only view sharing the cache, reader and manifest
+            self._cache: LruCache[object] = view_of._cache
+            self._writer: Writer | None = None
+            self._owns_resources = False  # it must not close what it shares
+            self._manifest = view_of._manifest
+            self._manifest_key = view_of._manifest_key
+            self._reader = view_of._reader
+            self._selected = self._select(version)
+            return
+        self._cache = LruCache(cache_bytes)
         self._writer = writer
-        self._owns_resources = True  # views made by at() share ours and must not close them
+        self._owns_resources = True
         self._load()
 
     def _load(self) -> None:
@@ -165,8 +167,8 @@ class OcdbtStore:
         store can read ahead (object stores: see :meth:`ObjectStore.read_ahead`), and return
         at once; the first lookup or listing then finds it arriving or arrived.  ``False``
         when nothing was started."""
-        from ocdbt_py.kvstore.object_store import read_ahead
-
+        if not self.kvstore.supports_read_ahead:
+            return False
         sel = self._selected
         if sel is None or sel.root is None or sel.root.length == 0 or self._cache.get(("b", sel.root)) is not None:
             return False
@@ -175,7 +177,7 @@ class OcdbtStore:
             key = self._reader.file_key(ref.file)
         except CorruptionError:
             return False  # reported by the first read
-        return read_ahead(self.kvstore, [(key, (ref.offset, ref.offset + ref.length))])
+        return self.kvstore.read_ahead([(key, (ref.offset, ref.offset + ref.length))])
 
     # -- metadata ----------------------------------------------------------------------------
     @property
@@ -209,17 +211,7 @@ class OcdbtStore:
 
     def at(self, version: Version) -> OcdbtStore:
         """A read-only view of another version, sharing this store's node cache."""
-        other = object.__new__(OcdbtStore)
-        other.kvstore = self.kvstore
-        other._cache = self._cache
-        other._version_spec = version
-        other._writer = None
-        other._owns_resources = False
-        other._manifest = self._manifest
-        other._manifest_key = self._manifest_key
-        other._reader = self._reader
-        other._selected = other._select(version)
-        return other
+        return OcdbtStore(self.kvstore, version=version, view_of=self)
 
     def versions(self) -> list[VersionInfo]:
         """Every generation still reachable, oldest first."""
@@ -270,7 +262,7 @@ class OcdbtStore:
     def get(self, key: KeyLike, byte_range: ByteRange | None = None) -> bytes | None:
         """The value of ``key`` (or bytes ``byte_range`` of it), or ``None`` if absent."""
         check_range(byte_range)
-        return self._resolve(lookup(self._reader, self._root(), _key(key)), byte_range)
+        return self._resolve(lookup(self._reader, self._root(), to_key(key)), byte_range)
 
     def __getitem__(self, key: KeyLike) -> bytes:
         value = self.get(key)
@@ -281,7 +273,7 @@ class OcdbtStore:
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, (bytes, bytearray, memoryview, str)):
             return False
-        return lookup(self._reader, self._root(), _key(key)) is not None
+        return lookup(self._reader, self._root(), to_key(key)) is not None
 
     def get_many(
         self, keys: Iterable[KeyLike | tuple[KeyLike, ByteRange | None]]
@@ -293,10 +285,10 @@ class OcdbtStore:
             if isinstance(item, tuple):
                 k, r = item
                 check_range(r)
-                ks.append(_key(k))
+                ks.append(to_key(k))
                 rngs.append(r)
             else:
-                ks.append(_key(item))
+                ks.append(to_key(item))
                 rngs.append(None)
         found = lookup_many(self._reader, self._root(), ks)
         out: list[bytes | None] = [None] * len(ks)
@@ -316,29 +308,18 @@ class OcdbtStore:
                 out[i] = d
         return out
 
-    def _bounds(self, prefix: KeyLike, start: KeyLike | None, stop: KeyLike | None) -> tuple[bytes, bytes | None]:
-        p = _key(prefix)
-        lo = p
-        hi = _prefix_end(p)
-        if start is not None:
-            lo = max(lo, _key(start))
-        if stop is not None:
-            s = _key(stop)
-            hi = s if hi is None else min(hi, s)
-        return lo, hi
-
     def list(
         self, prefix: KeyLike = b"", start: KeyLike | None = None, stop: KeyLike | None = None
     ) -> Iterator[bytes]:
         """Keys starting with ``prefix`` within ``[start, stop)``, in byte order."""
-        lo, hi = self._bounds(prefix, start, stop)
+        lo, hi = key_bounds(prefix, start, stop)
         return iterate_keys(self._reader, self._root(), lo, hi)
 
     def entries(
         self, prefix: KeyLike = b"", start: KeyLike | None = None, stop: KeyLike | None = None
     ) -> Iterator[Entry]:
         """Like :meth:`list`, with each value's size and location (no value is read)."""
-        lo, hi = self._bounds(prefix, start, stop)
+        lo, hi = key_bounds(prefix, start, stop)
         for k, v in iterate(self._reader, self._root(), lo, hi):
             if isinstance(v, bytes):
                 yield Entry(k, len(v), None, v)
@@ -350,7 +331,7 @@ class OcdbtStore:
         *, batch: int = 256,
     ) -> Iterator[tuple[bytes, bytes]]:
         """``(key, value)`` pairs in key order; out-of-line values are fetched concurrently."""
-        lo, hi = self._bounds(prefix, start, stop)
+        lo, hi = key_bounds(prefix, start, stop)
         pending: list[tuple[bytes, bytes | IndirectDataReference]] = []
         for kv in iterate(self._reader, self._root(), lo, hi):
             pending.append(kv)
@@ -385,8 +366,6 @@ class OcdbtStore:
 
     def transaction(self) -> Transaction:
         """Start an atomic transaction (use it as a context manager); see :mod:`ocdbt_py.write`."""
-        from ocdbt_py.write.transaction import Transaction
-
         self._require_writer()
         return Transaction(self)
 
@@ -425,31 +404,21 @@ class OcdbtStore:
         store commits by itself); a :class:`~ocdbt_py.write.transaction.Transaction` commits
         with ``t.commit()``.
         """
-        self._require_writer()
+        writer = self._require_writer()
         if mutations is None:
             return self.generation
-        return self._commit_mutations(mutations)
-
-    def _commit_mutations(self, muts: Any) -> int:
         try:
-            result = self._require_writer().commit(muts)
+            result = writer.commit(mutations)
         except ConditionFailedError:
             self.refresh()  # show the version the condition was checked against
             raise
         self._set_manifest(result.manifest, result.manifest_key)
         return result.generation
 
-    def _snapshot(self) -> tuple[tuple[IndirectDataReference | None, int], NodeReader]:
-        return self._root(), self._reader
-
-    @staticmethod
-    def _lookup_raw(snapshot: Any, key: bytes) -> bytes | IndirectDataReference | None:
-        root, reader = snapshot
-        return lookup(reader, root, key)
-
-    @staticmethod
-    def _read_ref(snapshot: Any, ref: IndirectDataReference) -> bytes:
-        return bytes(snapshot[1].read(ref))
+    def snapshot(self) -> Snapshot:
+        """The version this store reads (fixed: later commits do not change it)."""
+        root, height = self._root()
+        return Snapshot(root, height, self._reader)
 
     def close(self) -> None:
         """Release the node cache and the underlying store (a view from :meth:`at` releases
@@ -469,17 +438,6 @@ class OcdbtStore:
         return f"<OcdbtStore {self.url} generation={self.generation}>"
 
 
-def _prefix_end(p: bytes) -> bytes | None:
-    """Smallest key greater than every key with prefix ``p`` (None: no bound)."""
-    b = bytearray(p)
-    while b and b[-1] == 0xFF:
-        b.pop()
-    if not b:
-        return None
-    b[-1] += 1
-    return bytes(b)
-
-
 class OcdbtKvStore(KvStore):
     """:class:`KvStore` view of an :class:`OcdbtStore` (keys as UTF-8 ``str``).
 
@@ -493,6 +451,11 @@ class OcdbtKvStore(KvStore):
     @property
     def read_only(self) -> bool:  # type: ignore[override]
         return self.db.read_only
+
+    @property
+    def is_remote(self) -> bool:
+        """Values come from the database's own store: remote where it is."""
+        return self.db.kvstore.is_remote
 
     def set(self, key: str, value: bytes | bytearray | memoryview) -> None:
         if self.db.read_only:
@@ -550,7 +513,6 @@ def open(
     if mode != "r":
         if version is not None:
             raise UnsupportedError("writing is not supported with version= specified")
-        from ocdbt_py.write import open_writer
 
         kv = open_kvstore(location, storage_options)
         writer = open_writer(kv, config, cache_bytes=cache_bytes)

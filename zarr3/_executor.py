@@ -17,8 +17,10 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from ocdbt_py.kvstore import KvStore
+from ocdbt_py.kvstore import KvStore, validate_key
 from ocdbt_py.kvstore.base import ByteRange
+from ocdbt_py.kvstore.local import open_beneath
+from ocdbt_py.pools import dedicated
 
 __all__ = [
     "get_pool",
@@ -71,7 +73,7 @@ def get_pool() -> concurrent.futures.ThreadPoolExecutor:
     global _pool
     with _lock:
         if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=num_threads(), thread_name_prefix="zarr3")
+            _pool = dedicated("compute", num_threads(), name="zarr3")
         return _pool
 
 
@@ -80,7 +82,7 @@ def get_io_pool() -> concurrent.futures.ThreadPoolExecutor:
     global _io_pool
     with _lock:
         if _io_pool is None:
-            _io_pool = concurrent.futures.ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="zarr3-io")
+            _io_pool = dedicated("io", IO_THREADS, name="zarr3-io")
         return _io_pool
 
 
@@ -173,7 +175,6 @@ def run_jobs(jobs: Iterable[Job], *, max_pending: int | None = None) -> None:
 
 Request = tuple[str, "ByteRange | None"]
 
-_LOCAL_TYPES: tuple[type, ...] | None = None
 
 
 def fetch_batch(store: KvStore) -> int:
@@ -182,29 +183,13 @@ def fetch_batch(store: KvStore) -> int:
     Local reads cost CPU, not latency, so each worker fetches its own chunk; remote stores
     get several keys per concurrent :meth:`KvStore.get_many` to hide latency.
     """
-    global _LOCAL_TYPES
-    if _LOCAL_TYPES is None:
-        from ocdbt_py.kvstore import LocalStore, MemoryStore
-
-        _LOCAL_TYPES = (LocalStore, MemoryStore)
     env = os.environ.get("ZARR3_FETCH_BATCH")
     if env:
         try:
             return max(1, int(env))
         except ValueError:
             pass
-    base: Any = store
-    for _ in range(8):  # unwrap PrefixStore / OCDBT views
-        if isinstance(base, _LOCAL_TYPES):
-            return 1
-        nxt = getattr(base, "base", None)
-        if nxt is None:
-            db = getattr(base, "db", None)
-            nxt = getattr(db, "kvstore", None) if db is not None else None
-        if nxt is None or nxt is base:
-            break
-        base = nxt
-    return 4
+    return 4 if store.is_remote else 1
 
 
 class LocalFetcher:
@@ -217,33 +202,35 @@ class LocalFetcher:
     (a task decodes what it fetched before fetching more).
     """
 
-    def __init__(self, root: str, prefix: str, max_bytes: int):
+    def __init__(self, root: str, prefix: str, max_bytes: int, anchor: str | None = None):
         self.root = root
         self.prefix = prefix
         self.max_bytes = max_bytes
         self._local = threading.local()
+        #: the store's no-follow root: files are opened below it with no symbolic link followed
+        self.anchor = anchor
+        rel = os.path.relpath(root, anchor) if anchor is not None else ""
+        self._anchor_prefix = "" if rel in (".", "") else rel.replace(os.sep, "/") + "/"
 
     @classmethod
     def for_store(cls, store: KvStore, max_bytes: int) -> LocalFetcher | None:
         """A fetcher for ``store`` if it is a local directory, else ``None``."""
-        from ocdbt_py.kvstore import LocalStore, PrefixStore
-
-        prefix = ""
-        base: Any = store
-        while type(base) is PrefixStore:
-            prefix = base.prefix + prefix
-            base = base.base
-        if type(base) is not LocalStore or os.environ.get("ZARR3_NO_LOCAL_FETCH"):
+        root = store.local_path()
+        if root is None or os.environ.get("ZARR3_NO_LOCAL_FETCH"):
             return None
-        return cls(base.root, prefix, max_bytes)
+        anchor = store.no_follow_root()
+        if anchor is not None and os.path.relpath(root, anchor).startswith(os.pardir):
+            anchor = None  # cannot happen for a local store; then open as before
+        return cls(root, "", max_bytes, anchor)
 
     def __call__(self, key: str, byte_range: ByteRange | None) -> Any:
-        from ocdbt_py.kvstore import validate_key
 
         full = validate_key(self.prefix + key)
-        path = os.path.join(self.root, *full.split("/"))
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            if self.anchor is not None:
+                fd = open_beneath(self.anchor, self._anchor_prefix + full)
+            else:
+                fd = os.open(os.path.join(self.root, *full.split("/")), os.O_RDONLY | getattr(os, "O_BINARY", 0))
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
         try:

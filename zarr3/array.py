@@ -10,7 +10,9 @@ modified and rewritten; chunks equal to the fill value are deleted rather than s
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import math
 import os
 import threading
@@ -21,12 +23,14 @@ import numpy as np
 
 from ocdbt_py.errors import CorruptionError, ReadOnlyError
 from ocdbt_py.kvstore import KvStore, PrefixStore, open_kvstore
+from zarr3 import _dask
 from zarr3._alloc import empty
 from zarr3._executor import IoSink, Job, LocalFetcher, run_jobs, run_pipeline
 from zarr3.chunk_grid import ChunkKeyEncoding, parse_shape
 from zarr3.codecs import (
     BytesCodec,
     ShardingCodec,
+    TransposeCodec,
     codec_from_dict,
     compressor_from_v2,
 )
@@ -140,6 +144,9 @@ class Array:
     Orbax requires for checkpoints saved with ``store_array_data_equal_to_fill_value``.
     ``write_empty_chunks=True`` stores chunks even when they equal the fill value.
     """
+
+    #: How to reopen the array by location (set by :func:`open` for paths/URLs; used by to_dask)
+    _source: Any = None
 
     def __init__(
         self,
@@ -261,6 +268,27 @@ class Array:
     # -- reading ---------------------------------------------------------------------------
     def __getitem__(self, selection: Any) -> np.ndarray:
         return self.read(selection)
+
+    def to_dask(self, *, block_bytes: int | None = None) -> Any:
+        """This array as a lazy ``dask.array.Array`` (needs dask): blocks of whole stored chunks
+        (shards when sharded) merged up to ``block_bytes`` (default 128 MiB).
+
+        An array opened from a path or URL gives tasks that carry that location and its
+        storage options (each worker opens the array once), so the graph runs on
+        ``dask.distributed`` worker processes; one opened from a store object ships that
+        object with the graph (fine for threads; it must pickle for processes).
+        """
+        stored = self.shards or self.chunks
+        chunks = _dask.merged_chunks(self.shape, stored, self.dtype.itemsize,
+                                     block_bytes or _dask.DEFAULT_BLOCK_BYTES)
+        src = getattr(self, "_source", None)
+        import dask.base  # optional: to_dask needs dask anyway
+
+        if src is not None:
+            name = f"zarr3-{dask.base.tokenize(src, chunks)}"
+            return _dask.block_array(name, self.shape, self.dtype, chunks, read_source_block, src)
+        name = f"zarr3-{dask.base.tokenize(id(self), self._store.url, chunks)}"
+        return _dask.block_array(name, self.shape, self.dtype, chunks, _dask.read_object_block, self)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         arr = self.read()
@@ -638,11 +666,7 @@ class Array:
                 sink.submit(lambda: store.delete(key))
                 return
             blobs = [b if isinstance(b, bytes) else bytes(b) for b in parts]
-            set_parts = getattr(store, "set_parts", None)
-            if set_parts is not None:
-                sink.submit(lambda: set_parts(key, blobs))
-            else:
-                sink.submit(lambda: store.set(key, b"".join(blobs)))
+            sink.submit(lambda: store.set_parts(key, blobs))
 
         covered: list[tuple[str, tuple[int, ...], list[list[ChunkDimSel]]]] = []
         partial: list[tuple[str, tuple[int, ...], list[list[ChunkDimSel]]]] = []
@@ -711,7 +735,33 @@ def open(  # noqa: A001 - mirrors zarr.open / ocdbt_py.open
     meta = load_metadata(kv, zarr_format)
     if isinstance(meta, (GroupMetadataV3, GroupMetadataV2)):
         raise MetadataError("node_type", "group", f"{kv.url} is a group; use zarr3.open_group()")
-    return Array(kv, meta, mode=mode, fill_missing=fill_missing, write_empty_chunks=write_empty_chunks)
+    arr = Array(kv, meta, mode=mode, fill_missing=fill_missing, write_empty_chunks=write_empty_chunks)
+    if isinstance(store, (str, os.PathLike)) and mode == "r":
+        _remember_source(arr, os.fspath(store), storage_options, path, zarr_format)
+    return arr
+
+
+def _remember_source(arr: Array, location: str, storage_options: dict[str, Any] | None, path: str,
+                     zarr_format: int | None) -> None:
+    """Record how to reopen a read-only array by location (for :meth:`Array.to_dask`)."""
+    try:
+        if not location.startswith(("/",)) and "://" not in location:
+            location = os.path.abspath(location)
+        arr._source = _dask.ArraySource.of(location, storage_options, path, zarr_format)
+    except (TypeError, ValueError):  # options that are not JSON: ship the array object instead
+        pass
+
+
+@functools.lru_cache(maxsize=32)
+def _open_source(src: _dask.ArraySource) -> Array:
+    """A read-only array opened by location, once per process (dask tasks)."""
+    opts = json.loads(src.options_json) or None
+    return open(src.location, src.path, storage_options=opts, zarr_format=src.zarr_format)
+
+
+def read_source_block(src: _dask.ArraySource, sel: tuple[slice, ...]) -> np.ndarray:
+    """A dask task: read one block of the array a source names."""
+    return np.asarray(_open_source(src)[sel])
 
 
 _UNSET: Any = object()
@@ -812,8 +862,6 @@ def create(
         else:
             codec_list = [BytesCodec(), *_compressor_v3(compressor)]
             if order == "F" and len(shape_t) > 1:
-                from zarr3.codecs import TransposeCodec
-
                 codec_list.insert(0, TransposeCodec("F"))
         grid = chunk_t
         if shards is not None:

@@ -15,6 +15,7 @@ import binascii
 import math
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from zarr3.dtypes import DataType
@@ -111,8 +112,6 @@ def _int_range(dt: DataType) -> tuple[int, int]:
         info = np.iinfo(dt.dtype)
         return int(info.min), int(info.max)
     except ValueError:
-        import ml_dtypes
-
         mi = ml_dtypes.iinfo(dt.dtype)
         return int(mi.min), int(mi.max)
 

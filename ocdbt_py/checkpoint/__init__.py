@@ -5,6 +5,9 @@
 >>> everything = checkpoint.restore("/ckpts")                    # latest step, every item
 >>> tree = checkpoint.metadata("/ckpts/1000/params")             # shapes, dtypes, no data
 >>> checkpoint.export_safetensors("/ckpts/1000/params", "model.safetensors")  # streamed
+>>> checkpoint.export_safetensors("/ckpts/1000/params", "hf/", max_shard_size="5GB")  # HF shards
+>>> checkpoint.import_safetensors("hf/", "/ckpts/imported")      # safetensors -> Orbax, streamed
+>>> arrays = checkpoint.to_dask("/ckpts/1000/params")            # dask.array leaves
 
 Importing this package imports neither JAX nor TensorStore; JAX is imported only when a
 restore target contains JAX objects.  The on-disk layouts are described in ``spec/orbax.md``.
@@ -12,6 +15,7 @@ restore target contains JAX objects.  The on-disk layouts are described in ``spe
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 # Bound eagerly: the subpackage ``checkpoint.restore`` would otherwise replace the function of
@@ -19,7 +23,11 @@ from typing import TYPE_CHECKING, Any
 from ocdbt_py.checkpoint.restore.api import restore
 
 if TYPE_CHECKING:
-    from ocdbt_py.checkpoint.export import export_npz, export_safetensors
+    from ocdbt_py.bridges.dask_arrays import to_dask
+    from ocdbt_py.bridges.safetensors_export import export_safetensors
+    from ocdbt_py.bridges.safetensors_import import import_safetensors
+    from ocdbt_py.bridges.torch_tensors import to_torch
+    from ocdbt_py.checkpoint.export import export_npz
     from ocdbt_py.checkpoint.layout import UncommittedStepWarning
     from ocdbt_py.checkpoint.manager import CheckpointManager
     from ocdbt_py.checkpoint.meta import CheckpointInfo, LeafMetadata, list_steps, metadata
@@ -32,6 +40,9 @@ __all__ = [
     "list_steps",
     "export_safetensors",
     "export_npz",
+    "import_safetensors",
+    "to_dask",
+    "to_torch",
     "LeafMetadata",
     "CheckpointInfo",
     "LazyArray",
@@ -47,7 +58,11 @@ _WHERE = {
     "list_steps": "ocdbt_py.checkpoint.meta",
     "LeafMetadata": "ocdbt_py.checkpoint.meta",
     "CheckpointInfo": "ocdbt_py.checkpoint.meta",
-    "export_safetensors": "ocdbt_py.checkpoint.export",
+    # the bridges live above checkpoint/ (ocdbt_py.bridges); reached here by name only
+    "export_safetensors": "ocdbt_py.bridges.safetensors_export",
+    "import_safetensors": "ocdbt_py.bridges.safetensors_import",
+    "to_dask": "ocdbt_py.bridges.dask_arrays",
+    "to_torch": "ocdbt_py.bridges.torch_tensors",
     "export_npz": "ocdbt_py.checkpoint.export",
     "LazyArray": "ocdbt_py.checkpoint.restore.reader",
     "UncommittedStepWarning": "ocdbt_py.checkpoint.layout",
@@ -62,7 +77,6 @@ def __getattr__(name: str) -> Any:
     mod = _WHERE.get(name)
     if mod is None:
         raise AttributeError(f"module 'ocdbt_py.checkpoint' has no attribute {name!r}")
-    import importlib
 
     return getattr(importlib.import_module(mod), name)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 __all__ = ["dtype_from_name", "dtype_name", "ML_DTYPE_NAMES"]
@@ -33,8 +34,6 @@ ML_DTYPE_NAMES = frozenset(_ML_NAMES)
 def dtype_from_name(name: str) -> np.dtype:
     """``np.dtype`` for a NumPy name (``"float32"``, ``"<f4"``) or an ml_dtypes name."""
     if name in _ML_NAMES:
-        import ml_dtypes
-
         t = getattr(ml_dtypes, name, None)
         if t is None:
             raise TypeError(f"this ml_dtypes version has no {name!r}")

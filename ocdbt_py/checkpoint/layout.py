@@ -11,9 +11,11 @@ import re
 import warnings
 from typing import Any
 
-from ocdbt_py.checkpoint.jsonio import read_json
+from ocdbt_py.checkpoint.jsonio import MAX_JSON_BYTES, read_json
+from ocdbt_py.checkpoint.restore.remoteread import io_pool
 from ocdbt_py.errors import NotFoundError
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.read.version_read import manifest_read_limit
 
 __all__ = [
     "Kind",
@@ -71,9 +73,7 @@ class Listing:
 
     @classmethod
     def of(cls, kv: KvStore, prefix: str = "") -> Listing:
-        from ocdbt_py.kvstore.object_store import is_object_store
-
-        if not is_object_store(kv):
+        if not kv.lists_sizes:
             d, f = kv.list_dir(prefix)
             return cls(sorted(d), sorted(f))
         if prefix and not prefix.endswith("/"):
@@ -100,8 +100,6 @@ STEP_METADATA_LIMIT = 16 << 20
 def _first_reads() -> tuple[tuple[str, int], ...]:
     """The small files restoring a directory reads first, one after another, each with the
     end of the byte range it is read with (its size limit plus one)."""
-    from ocdbt_py.checkpoint.jsonio import MAX_JSON_BYTES
-    from ocdbt_py.read.version_read import manifest_read_limit
 
     return ((STEP_METADATA, STEP_METADATA_LIMIT + 1), ("_METADATA", MAX_JSON_BYTES + 1),
             ("manifest.ocdbt", manifest_read_limit()), ("_strings.json", MAX_JSON_BYTES + 1))
@@ -117,9 +115,9 @@ def read_ahead(kv: KvStore, prefix: str = "") -> bool:
     answers the next read of that file, with the same size limit.  Elsewhere this does
     nothing (and returns ``False``).
     """
-    from ocdbt_py.kvstore.object_store import read_ahead as start
-
-    return start(kv, [(prefix + name, (0, limit)) for name, limit in _first_reads()])
+    if not kv.supports_read_ahead:
+        return False
+    return kv.read_ahead([(prefix + name, (0, limit)) for name, limit in _first_reads()])
 
 
 def listing_of(kv: KvStore, prefix: str = "") -> Listing:
@@ -166,10 +164,6 @@ def dir_name(prefix: str) -> str | None:
 
 def store_dir_name(kv: KvStore) -> str | None:
     """The directory name a store is rooted at, when known (prefix stores and local paths)."""
-    from ocdbt_py.kvstore.prefixed import PrefixStore
-
-    if isinstance(kv, PrefixStore) and kv.prefix:
-        return dir_name(kv.prefix)
     url = kv.url.rstrip("/")
     return url.rsplit("/", 1)[-1] if "/" in url else None
 
@@ -231,15 +225,7 @@ def _renames_atomically(kv: KvStore) -> bool:
     """``False`` for object stores (fsspec filesystems other than local ones), where Orbax and
     ``ocdbt_py.checkpoint.save`` write in place and ``commit_success.txt`` is the only commit
     point, so a step without it is unfinished even if no step has one."""
-    from ocdbt_py.kvstore.fsspec_store import FsspecStore
-    from ocdbt_py.kvstore.prefixed import PrefixStore
-
-    while isinstance(kv, PrefixStore):
-        kv = kv.base
-    if not isinstance(kv, FsspecStore):
-        return True
-    protos = kv.fs.protocol if isinstance(kv.fs.protocol, (tuple, list)) else (kv.fs.protocol,)
-    return bool(set(protos) & {"file", "local"})
+    return kv.renames_atomically
 
 
 def list_steps(kv: KvStore, *, warn: bool = True, listing: Listing | None = None) -> list[StepEntry]:
@@ -340,7 +326,6 @@ def _markers(kv: KvStore, names: list[str]) -> list[bool]:
     """Whether each step directory has its commit marker (looked up concurrently)."""
     if len(names) <= 1:
         return [_step_has_marker(kv, d) for d in names]
-    from ocdbt_py.checkpoint.restore.remoteread import io_pool
 
     futs = [io_pool().submit(_step_has_marker, kv, d) for d in names]
     return [f.result() for f in futs]
@@ -351,7 +336,6 @@ def _listings(kv: KvStore, prefixes: list[str]) -> list[Listing]:
     reached over a network)."""
     if len(prefixes) <= 1:
         return [listing_of(kv, p) for p in prefixes]
-    from ocdbt_py.checkpoint.restore.remoteread import io_pool
 
     futs = [io_pool().submit(listing_of, kv, p) for p in prefixes]
     return [f.result() for f in futs]

@@ -28,6 +28,7 @@ from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
 from zarr3._json import parse as parse_json_text
+from zarr3.dtypes import parse_data_type_v3, parse_dtype_v2
 
 __all__ = ["LeafMetadata", "CheckpointInfo", "metadata", "list_steps", "item_metadata", "describe"]
 
@@ -90,14 +91,12 @@ class CheckpointInfo:
 
 @functools.lru_cache(maxsize=256)
 def _dtype_v2(s: str) -> np.dtype:
-    from zarr3.dtypes import parse_dtype_v2
 
     return parse_dtype_v2(s)[0].dtype
 
 
 @functools.lru_cache(maxsize=256)
 def _dtype_v3(s: str) -> np.dtype:
-    from zarr3.dtypes import parse_data_type_v3
 
     return parse_data_type_v3(s).dtype
 
@@ -154,11 +153,7 @@ def summarize_zarr(raw: bytes, v3: bool) -> dict[str, Any]:
 
 
 def _local_sizes(kv: KvStore) -> bool:
-    from ocdbt_py.kvstore.local import LocalStore
-
-    while isinstance(kv, PrefixStore):
-        kv = kv.base
-    return isinstance(kv, LocalStore)
+    return kv.local_path() is not None
 
 
 def item_metadata(item: PyTreeItem, *, stored_sizes: bool | None = None) -> Any:

@@ -173,6 +173,7 @@ def flatten_with_names(
 def _flatten_jax(
     tree: Any, is_leaf: Callable[[Any], bool] | None
 ) -> tuple[list[tuple[Names, Any]], Callable[[list[Any]], Any]]:
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
 
     def leaf(x: Any) -> bool:

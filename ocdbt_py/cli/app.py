@@ -23,10 +23,9 @@ PROG = "ocdbt"
 
 def command_modules() -> list[str]:
     """Names of the ``ocdbt_py.cli.cmd_*`` modules, sorted."""
-    import ocdbt_py.cli as pkg
-
-    names = [m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name.startswith("cmd_")]
-    return [f"{pkg.__name__}.{n}" for n in sorted(names)]
+    here = os.path.dirname(os.path.abspath(__file__))
+    names = [m.name for m in pkgutil.iter_modules([here]) if m.name.startswith("cmd_")]
+    return [f"{__package__}.{n}" for n in sorted(names)]
 
 
 def build_parser() -> argparse.ArgumentParser:

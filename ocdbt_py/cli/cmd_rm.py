@@ -6,6 +6,7 @@ import argparse
 
 from ocdbt_py.cli.cmd_put import add_key, add_writer_options, open_writable, parse_keys
 from ocdbt_py.cli.options import add_json, add_location
+from ocdbt_py.read.snapshot import prefix_end
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -28,16 +29,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.set_defaults(func=run)
 
 
-def _prefix_end(p: bytes) -> bytes | None:
-    b = bytearray(p)
-    while b and b[-1] == 0xFF:
-        b.pop()
-    if not b:
-        return None
-    b[-1] += 1
-    return bytes(b)
-
-
 def run(args: argparse.Namespace) -> int:
     """Delete."""
     from ocdbt_py.cli.errors import UsageError
@@ -57,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         for k in keys:
             t.delete(k)
         if prefix is not None:
-            t.delete_range(prefix, _prefix_end(prefix))
+            t.delete_range(prefix, prefix_end(prefix))
         if start is not None:
             t.delete_range(start, stop)
     gen = t.generation

@@ -42,7 +42,6 @@ def run(args: argparse.Namespace) -> int:
     if args.max_problems < 1:
         raise UsageError("--max-problems must be at least 1")
     with Progress("verifying", enabled=want_progress(args.progress)) as bar:
-
         def progress(r: VerifyReport) -> None:
             bar.update(r.versions, r.versions_expected,
                        f"{r.versions}/{r.versions_expected} versions, {r.nodes} nodes, "

@@ -38,10 +38,12 @@ def normalize_url(url: str) -> str:
 
 def _subdirs(kv: KvStore, prefix: str) -> list[str]:
     """Names of the directories directly below ``prefix`` (cheaply where the backend allows)."""
-    fs = getattr(kv, "fs", None)
-    root = getattr(kv, "root", None)
-    if fs is not None and isinstance(root, str):  # fsspec: one directory listing, not a walk
-        path = f"{root}/{prefix}".rstrip("/") if prefix else root
+    try:
+        where = kv.fsspec_location(prefix.strip("/"))
+    except Exception:
+        where = None
+    if where is not None:  # fsspec: one directory listing, not a walk
+        fs, path = where
         try:
             entries = fs.ls(path, detail=True)
         except Exception:

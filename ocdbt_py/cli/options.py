@@ -6,6 +6,9 @@ import argparse
 import json
 from typing import Any
 
+from ocdbt_py.bridges.namemap import load_name_map
+from ocdbt_py.cli.errors import UsageError
+
 __all__ = [
     "add_common",
     "add_location",
@@ -15,6 +18,7 @@ __all__ = [
     "storage_options",
     "parse_version",
     "parse_storage_option",
+    "name_map_arg",
 ]
 
 
@@ -100,3 +104,14 @@ def parse_version(text: str) -> int | str:
             "(like 2024-05-01T12:00:00Z)"
         ) from None
     return t
+
+
+def name_map_arg(path: str | None) -> Any:
+    """The :class:`~ocdbt_py.bridges.namemap.NameMap` of a ``--map FILE`` (``None`` without one);
+    an unreadable or malformed file is a usage error."""
+    if path is None:
+        return None
+    try:
+        return load_name_map(path)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--map {path}: {e}") from e

@@ -12,6 +12,8 @@ from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, NamedTuple, Union, overload
 
+import numpy as np
+
 from ocdbt_py.format.data_file_table import (
     DataFileId,
     IndirectDataReference,
@@ -455,6 +457,97 @@ def _read_keys_loop(
     return keys, scp
 
 
+def _gather_rows(r: Reader, n: int, width: int, rel: np.ndarray, own: np.ndarray, begin: np.ndarray,
+                 end: np.ndarray, own_pos: int, own_bytes: np.ndarray) -> np.ndarray:
+    """The ``n x width`` key matrix with each row's own bytes in place (columns left of
+    ``own`` are filled later); ``own_pos`` is where ``own_bytes`` start in the node body."""
+    # Every key's own bytes, in blob order: key i's `count[i]` bytes start at `begin[i]` in
+    # `own_bytes` and belong in row i from column own[i] on.  Row i is first filled with the
+    # `width` bytes of the node body that put them there (a gather of fixed-size windows of
+    # the body, in place), then zeroed from column rel[i] on; columns left of own[i] are
+    # overwritten below.  Rows whose window would leave the body are filled one by one.
+    body = np.frombuffer(r.data, dtype=np.uint8, count=r.end)
+    start = begin - own
+    start += own_pos
+    outside = (start < 0) | (start > body.size - width)
+    stray = np.flatnonzero(outside).tolist() if outside.any() else []
+    if stray:
+        np.clip(start, 0, body.size - width, out=start)
+    windows = np.lib.stride_tricks.sliding_window_view(body, width)
+    m = np.empty((n, width), dtype=np.uint8)
+    # in blocks of rows, so that no temporary is larger than _BLOCK_BYTES
+    block = max(1, _BLOCK_BYTES // width)
+    keep = np.zeros(2 * block, dtype=np.uint8)
+    keep[::2] = 1
+    runs = np.empty((block, 2), dtype=np.int64)
+    for a in range(0, n, block):
+        b = min(a + block, n)
+        rows = m[a:b]
+        rows[...] = windows[start[a:b]]
+        runs[: b - a, 0] = rel[a:b]
+        np.subtract(width, rel[a:b], out=runs[: b - a, 1])
+        rows *= np.repeat(keep[: 2 * (b - a)], runs[: b - a].ravel()).reshape(b - a, width)
+    for i in stray:
+        row = m[i]
+        row[own[i] : rel[i]] = own_bytes[begin[i] : end[i]]
+        row[rel[i] :] = 0
+    return m
+
+
+def _fill_shared_columns(m: np.ndarray, own: np.ndarray, head: int, n: int) -> None:
+    """Fill the bytes each key shares with its predecessor, column by column."""
+    # Column j of a key with own > j is its predecessor's column j, so each column is
+    # piecewise constant between the rows that store it themselves (own <= j; row 0 always
+    # does).  Per column, whichever is smaller is expanded: the runs starting at those rows,
+    # or the rows that copy (each run of copying rows takes the row just before the run).
+    for j in range(head, int(own.max())):
+        col = m[:, j]
+        copy = own > j
+        ncopy = int(np.count_nonzero(copy))
+        if 2 * ncopy >= n:
+            starts = np.flatnonzero(~copy)
+            col[:] = np.repeat(col[starts], np.diff(starts, append=n))
+        elif ncopy:
+            copying = np.flatnonzero(copy)
+            first = np.empty(ncopy, dtype=bool)
+            first[0] = True
+            np.not_equal(copying[1:], copying[:-1] + 1, out=first[1:])
+            src = np.where(first, copying - 1, 0)
+            np.maximum.accumulate(src, out=src)
+            col[copying] = col[src]
+
+
+def _rows_to_keys(r: Reader, m: np.ndarray, n: int, width: int, rel: np.ndarray, own: np.ndarray,
+                  count: np.ndarray, begin: np.ndarray, end: np.ndarray, own_bytes: np.ndarray,
+                  kpos: int) -> list[bytes]:
+    """The matrix rows as ``bytes`` keys, checked to be strictly increasing."""
+    flat = m.ravel()
+    keys: list[bytes] = m.view(f"S{width}").ravel().tolist()
+    # the S view dropped trailing NULs: rebuild the keys that really end in 0x00 (a key's
+    # last byte is its own last byte, or, without own bytes, its predecessor's byte there)
+    has_own = count > 0
+    last = np.where(has_own, own_bytes[np.maximum(end - 1, 0)], 1)
+    if not has_own.all():
+        no_own = np.flatnonzero(~has_own & (rel > 0))
+        last[no_own] = flat[no_own * width + rel[no_own] - 1]
+    if not last.all():
+        for i in np.flatnonzero(last == 0).tolist():
+            keys[i] = m[i, : rel[i]].tobytes()
+    # Key i (i >= 1) equals key i-1 in its first own[i] bytes, so it is greater iff it has
+    # own bytes and key i-1 ends there or key i's first own byte is the greater.  Pairs that
+    # tie on that byte (legal only for a prefix length shorter than the two keys' common
+    # prefix) are compared exactly.
+    nxt = own[1:]
+    lead = own_bytes[np.minimum(begin[1:], own_bytes.size - 1)] if own_bytes.size else np.zeros(n - 1, np.uint8)
+    before = flat[np.minimum(np.arange(0, (n - 1) * width, width, dtype=np.int64) + nxt, flat.size - 1)]
+    greater = has_own[1:] & ((nxt == rel[:-1]) | (lead > before))
+    if not greater.all():
+        for i in np.flatnonzero(~greater).tolist():
+            if keys[i + 1] <= keys[i]:
+                raise r.error(f"keys not strictly increasing at entry {i + 1}", kpos)
+    return keys
+
+
 def _read_keys_numpy(
     r: Reader, n: int, interior: bool, max_key_bytes: int, sizes: list[int] | None = None
 ) -> tuple[Sequence[bytes], list[int]] | None:
@@ -473,7 +566,6 @@ def _read_keys_numpy(
     ``_MATRIX_SLACK`` times the keys' bytes (plus ``_MATRIX_PER_KEY`` a key) and the shared
     columns are few; otherwise ``None`` hands the node to the loop.
     """
-    import numpy as np
 
     prefix = r.varint_array(n - 1, MAX_KEY_LENGTH, "key prefix length")
     ppos = r.pos
@@ -520,86 +612,15 @@ def _read_keys_numpy(
     # one NumPy pass over the rows; past about one such column per 100 keys the loop wins
     if int(own.max()) - head > n // _KEYS_PER_FILL_COLUMN + _FREE_FILL_COLUMNS:
         return None
-    # Every key's own bytes, in blob order: key i's `count[i]` bytes start at `begin[i]` in
-    # `own_bytes` and belong in row i from column own[i] on.  Row i is first filled with the
-    # `width` bytes of the node body that put them there (a gather of fixed-size windows of
-    # the body, in place), then zeroed from column rel[i] on; columns left of own[i] are
-    # overwritten below.  Rows whose window would leave the body are filled one by one.
     count = rel - own
     end = np.cumsum(count)
     begin = end - count
     own_bytes = key_bytes[drop:]
-    body = np.frombuffer(r.data, dtype=np.uint8, count=r.end)
-    start = begin - own
-    start += kpos + drop
-    outside = (start < 0) | (start > body.size - width)
-    stray = np.flatnonzero(outside).tolist() if outside.any() else []
-    if stray:
-        np.clip(start, 0, body.size - width, out=start)
-    windows = np.lib.stride_tricks.sliding_window_view(body, width)
-    m = np.empty((n, width), dtype=np.uint8)
-    # in blocks of rows, so that no temporary is larger than _BLOCK_BYTES
-    block = max(1, _BLOCK_BYTES // width)
-    keep = np.zeros(2 * block, dtype=np.uint8)
-    keep[::2] = 1
-    runs = np.empty((block, 2), dtype=np.int64)
-    for a in range(0, n, block):
-        b = min(a + block, n)
-        rows = m[a:b]
-        rows[...] = windows[start[a:b]]
-        runs[: b - a, 0] = rel[a:b]
-        np.subtract(width, rel[a:b], out=runs[: b - a, 1])
-        rows *= np.repeat(keep[: 2 * (b - a)], runs[: b - a].ravel()).reshape(b - a, width)
-    for i in stray:
-        row = m[i]
-        row[own[i] : rel[i]] = own_bytes[begin[i] : end[i]]
-        row[rel[i] :] = 0
-    del windows, start, keep, runs
-    flat = m.ravel()
+    m = _gather_rows(r, n, width, rel, own, begin, end, kpos + drop, own_bytes)
     if head:
         m[:, :head] = key_bytes[drop:common]
-    # Column j of a key with own > j is its predecessor's column j, so each column is
-    # piecewise constant between the rows that store it themselves (own <= j; row 0 always
-    # does).  Per column, whichever is smaller is expanded: the runs starting at those rows,
-    # or the rows that copy (each run of copying rows takes the row just before the run).
-    for j in range(head, int(own.max())):
-        col = m[:, j]
-        copy = own > j
-        ncopy = int(np.count_nonzero(copy))
-        if 2 * ncopy >= n:
-            starts = np.flatnonzero(~copy)
-            col[:] = np.repeat(col[starts], np.diff(starts, append=n))
-        elif ncopy:
-            copying = np.flatnonzero(copy)
-            first = np.empty(ncopy, dtype=bool)
-            first[0] = True
-            np.not_equal(copying[1:], copying[:-1] + 1, out=first[1:])
-            src = np.where(first, copying - 1, 0)
-            np.maximum.accumulate(src, out=src)
-            col[copying] = col[src]
-    keys: list[bytes] = m.view(f"S{width}").ravel().tolist()
-    # the S view dropped trailing NULs: rebuild the keys that really end in 0x00 (a key's
-    # last byte is its own last byte, or, without own bytes, its predecessor's byte there)
-    has_own = count > 0
-    last = np.where(has_own, own_bytes[np.maximum(end - 1, 0)], 1)
-    if not has_own.all():
-        no_own = np.flatnonzero(~has_own & (rel > 0))
-        last[no_own] = flat[no_own * width + rel[no_own] - 1]
-    if not last.all():
-        for i in np.flatnonzero(last == 0).tolist():
-            keys[i] = m[i, : rel[i]].tobytes()
-    # Key i (i >= 1) equals key i-1 in its first own[i] bytes, so it is greater iff it has
-    # own bytes and key i-1 ends there or key i's first own byte is the greater.  Pairs that
-    # tie on that byte (legal only for a prefix length shorter than the two keys' common
-    # prefix) are compared exactly.
-    nxt = own[1:]
-    lead = own_bytes[np.minimum(begin[1:], own_bytes.size - 1)] if own_bytes.size else np.zeros(n - 1, np.uint8)
-    before = flat[np.minimum(np.arange(0, (n - 1) * width, width, dtype=np.int64) + nxt, flat.size - 1)]
-    greater = has_own[1:] & ((nxt == rel[:-1]) | (lead > before))
-    if not greater.all():
-        for i in np.flatnonzero(~greater).tolist():
-            if keys[i + 1] <= keys[i]:
-                raise r.error(f"keys not strictly increasing at entry {i + 1}", kpos)
+    _fill_shared_columns(m, own, head, n)
+    keys = _rows_to_keys(r, m, n, width, rel, own, count, begin, end, own_bytes, kpos)
     scp_list: list[int] = []
     if scp is not None:
         bad = scp > lens
@@ -628,8 +649,6 @@ def _read_leaf_values(r: Reader, n: int, files: list[DataFileId], body: bytes | 
     vector = n >= _VECTOR_ENTRIES
     lengths: list[int] | np.ndarray
     if vector:
-        import numpy as np
-
         lengths = r.varint_array(n, _LIMIT63, "value length")
     else:
         lengths = r.varint_column(n, _LIMIT63, "value length")

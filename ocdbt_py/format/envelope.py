@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import struct
 
+import crc32c as _crc
+import zstandard
+
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.reader import Reader, put_varint
 from ocdbt_py.format.zstd_frame import decompress_bounded
@@ -33,7 +36,6 @@ _MIN_SIZE = 16
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
     """CRC-32C (Castagnoli) of ``data``."""
-    import crc32c as _crc
 
     return int(_crc.crc32c(data, value))
 
@@ -107,8 +109,6 @@ def encode_envelope(magic: int, body: bytes | bytearray | memoryview, zstd_level
         put_varint(out, 0)
         out += body
     else:
-        import zstandard
-
         put_varint(out, 1)
         cctx = zstandard.ZstdCompressor(level=zstd_level)
         if len(body) <= 4096:

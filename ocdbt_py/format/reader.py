@@ -9,6 +9,8 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ocdbt_py.errors import CorruptionError
 
 if TYPE_CHECKING:
@@ -139,7 +141,6 @@ class Reader:
 
     def varint_array(self, n: int, max_value: int = (1 << 63) - 1, what: str = "varint") -> np.ndarray:
         """Like :meth:`varint_column`, as an ``int64`` NumPy array (``max_value < 2**63``)."""
-        import numpy as np
 
         if not 0 <= max_value < 1 << 63:
             raise ValueError("varint_array needs max_value < 2**63")
@@ -159,7 +160,6 @@ class Reader:
 
     def _varint_column_numpy(self, n: int, max_value: int) -> np.ndarray | None:
         """Decode ``n`` well-formed varints of at most 9 bytes at once (``uint64``); ``None`` to fall back."""
-        import numpy as np
 
         pos = self.pos
         avail = self.end - pos

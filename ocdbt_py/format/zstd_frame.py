@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import struct
 
+import zstandard
+
 from ocdbt_py.errors import CorruptionError
 
 __all__ = ["decompress_bounded", "frame_bounds"]
@@ -120,7 +122,6 @@ def decompress_bounded(
     With ``exact_size`` the output must be exactly that long.  Every failure is a
     :class:`CorruptionError`; memory use never exceeds about ``limit``.
     """
-    import zstandard
 
     size, bound, content = frame_bounds(data, path=path, base=base)
     if size != len(data):

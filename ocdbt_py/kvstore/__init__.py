@@ -33,6 +33,7 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 
 def __getattr__(name: str) -> Any:
     if name == "FsspecStore":  # imported lazily: fsspec costs import time
+        # heavy: backends load fsspec and client libraries, only for URLs that need them
         from ocdbt_py.kvstore.fsspec_store import FsspecStore
 
         return FsspecStore
@@ -67,12 +68,14 @@ def open_kvstore(
     backend = _object_store_class(loc)
     if backend is not None:
         return backend.from_url(loc, storage_options, read_only=True if read_only else None)
+    # heavy: backends load fsspec and client libraries, only for URLs that need them
     from ocdbt_py.kvstore.fsspec_store import FsspecStore
 
     opts = dict(storage_options or {})
     single_writer = bool(opts.pop("single_writer", False))
     store = FsspecStore.from_url(loc, opts, read_only=True if read_only else None)
     if single_writer and not store.read_only:
+        # heavy: backends load fsspec and client libraries, only for URLs that need them
         from ocdbt_py.kvstore.single_writer import SingleWriterStore
 
         return SingleWriterStore(store)
@@ -86,14 +89,17 @@ def _object_store_class(loc: str) -> Any:
         return None
     scheme = loc.split("://", 1)[0].lower() if "://" in loc else ""
     if scheme in ("s3", "s3a"):
+        # heavy: backends load fsspec and client libraries, only for URLs that need them
         from ocdbt_py.kvstore.s3 import S3Store
 
         return S3Store
     if scheme in ("gs", "gcs"):
+        # heavy: backends load fsspec and client libraries, only for URLs that need them
         from ocdbt_py.kvstore.gcs import GcsStore
 
         return GcsStore
     if scheme in ("az", "abfs", "abfss"):
+        # heavy: backends load fsspec and client libraries, only for URLs that need them
         from ocdbt_py.kvstore.azure import AzureStore
 
         return AzureStore

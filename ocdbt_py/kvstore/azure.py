@@ -20,7 +20,9 @@ import os
 from typing import Any
 
 from ocdbt_py.errors import ConditionFailedError, StorageError
-from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings
+from ocdbt_py.kvstore.azuredirect import AzureDirect
+from ocdbt_py.kvstore.direct import DirectReadStore, reader_for
+from ocdbt_py.kvstore.object_store import _secret_strings, redact
 
 __all__ = ["AzureStore"]
 
@@ -36,7 +38,7 @@ def _endpoint_of(opts: dict[str, Any]) -> str:
     return str(opts.get("account_host") or "")
 
 
-class AzureStore(ObjectStore):
+class AzureStore(DirectReadStore):
     """An Azure Blob container (or a prefix of one) as a :class:`KvStore` with atomic
     conditional writes."""
 
@@ -66,7 +68,7 @@ class AzureStore(ObjectStore):
                 redact_for(storage_options, f"cannot open {url}: {type(e).__name__}: {e}")
             ) from e
         endpoint = _endpoint_of(opts)
-        return cls(
+        store = cls(
             fs,
             root,
             read_only=read_only,
@@ -75,8 +77,14 @@ class AzureStore(ObjectStore):
             secrets=_secret_strings(storage_options or {}),
             scheme=url.split("://", 1)[0].lower(),
         )
+        store._direct = AzureDirect.from_options(opts, reader_for)
+        return store
 
     async def _get_range(self, bucket: str, name: str, start: int, stop: int | None) -> bytes | None:
+        answered, got = await self._direct_get(bucket, name, start, stop)
+        if answered:
+            return got
+        # optional backend: the [azure] extra
         from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 
         async with self.fs.service_client.get_blob_client(bucket, name) as bc:
@@ -99,6 +107,10 @@ class AzureStore(ObjectStore):
                 raise
 
     async def _object_size(self, bucket: str, name: str) -> int | None:
+        answered, size = await self._direct_size(bucket, name)
+        if answered:
+            return size
+        # optional backend: the [azure] extra
         from azure.core.exceptions import ResourceNotFoundError
 
         async with self.fs.service_client.get_blob_client(bucket, name) as bc:
@@ -109,6 +121,7 @@ class AzureStore(ObjectStore):
             return int(props.size)
 
     async def _read_with_generation(self, bucket: str, name: str) -> tuple[bytes | None, str | None]:
+        # optional backend: the [azure] extra
         from azure.core.exceptions import ResourceNotFoundError
 
         async with self.fs.service_client.get_blob_client(bucket, name) as bc:
@@ -120,6 +133,7 @@ class AzureStore(ObjectStore):
             return bytes(data), str(downloader.properties.etag)
 
     async def _write_conditional(self, bucket: str, name: str, data: bytes, if_generation: str | None) -> str:
+        # optional backend: the [azure] extra
         from azure.core.exceptions import (
             HttpResponseError,
             ResourceExistsError,
@@ -147,6 +161,5 @@ class AzureStore(ObjectStore):
 
 def redact_for(storage_options: dict[str, Any] | None, text: str) -> str:
     """``text`` with the secrets in ``storage_options`` removed."""
-    from ocdbt_py.kvstore.object_store import redact
 
     return redact(text, _secret_strings(storage_options or {}))

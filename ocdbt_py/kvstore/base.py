@@ -12,9 +12,10 @@ import abc
 import builtins
 import concurrent.futures
 from collections.abc import Iterator, Sequence
-from typing import Union
+from typing import Any, Union
 
 from ocdbt_py.errors import ReadOnlyError, UnsupportedError
+from ocdbt_py.pools import map_concurrently
 
 __all__ = ["KvStore", "ByteRange", "ReadRequest", "normalize_request", "slice_range"]
 
@@ -66,6 +67,13 @@ class KvStore(abc.ABC):
     Subclasses implement :meth:`get`, :meth:`list` and, when writable, :meth:`set` and
     :meth:`delete`.  Conditional writes (:meth:`get_with_generation` / :meth:`set_if`) are
     optional: backends that cannot make them atomic raise :class:`UnsupportedError`.
+
+    **Capabilities.**  What a backend can do beyond the primitives is declared by the members
+    of the *capabilities* section below, each with a default that is always correct (no fast
+    path).  Layers above ``kvstore/`` ask these and never test concrete store types.  A
+    wrapper forwards a capability when using it does not bypass the wrapper:
+    :class:`~ocdbt_py.kvstore.prefixed.PrefixStore` forwards all of them; a latency or
+    fault-injecting store forwards only those that do not read or write around it.
     """
 
     #: Whether writes are allowed on this store.
@@ -89,9 +97,7 @@ class KvStore(abc.ABC):
         reqs = [normalize_request(r) for r in requests]
         if len(reqs) <= 1:
             return [self.get(k, r) for k, r in reqs]
-        workers = min(_DEFAULT_WORKERS, len(reqs))
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(lambda kr: self.get(kr[0], kr[1]), reqs))
+        return map_concurrently(lambda kr: self.get(kr[0], kr[1]), reqs, purpose="io", limit=_DEFAULT_WORKERS)
 
     def exists(self, key: str) -> bool:
         """Whether ``key`` holds a value."""
@@ -176,6 +182,90 @@ class KvStore(abc.ABC):
         :class:`~ocdbt_py.errors.UnsupportedError` if the backend cannot do this atomically.
         """
         raise UnsupportedError(f"{self.url} does not support conditional writes")
+
+    # -- capabilities ----------------------------------------------------------------------
+    def local_path(self, key: str = "") -> str | None:
+        """The local filesystem path that holds ``key`` as a plain file (``""``: the store's
+        root directory), or ``None`` when values are not plain local files.
+
+        Callers may read (and, unless :attr:`read_only`, write) that path directly instead of
+        going through :meth:`get`/:meth:`set`.  ``key`` is validated like any key.
+        """
+        return None
+
+    def no_follow_root(self) -> str | None:
+        """With :meth:`local_path`: the local directory below which this store follows no
+        symbolic link (callers opening :meth:`local_path` files directly must do the same,
+        e.g. with :func:`ocdbt_py.kvstore.local.open_beneath`); ``None`` when not local."""
+        return None
+
+    def fsspec_location(self, key: str = "") -> tuple[Any, str] | None:
+        """``(filesystem, path)`` of ``key`` when values are files of an fsspec filesystem that
+        callers may stream to and list directly; ``None`` otherwise."""
+        return None
+
+    @property
+    def syncs_later(self) -> bool:
+        """Whether values written here are made durable in one batch later (a save's temporary
+        directory) rather than each on its own; callers that write files at
+        :meth:`local_path` directly then skip their own fsync and report each file to
+        :meth:`note_written`."""
+        return False
+
+    def note_written(self, path: str) -> None:
+        """A file below :meth:`local_path` was written directly, not through :meth:`set`
+        (stores that :attr:`syncs_later` include it in their batch)."""
+
+    @property
+    def supports_conditional_writes(self) -> bool:
+        """Whether :meth:`get_with_generation`/:meth:`set_if` are implemented (needed to
+        commit an OCDBT database).  A backend that implements them but finds at run time that
+        it cannot make them atomic raises :class:`UnsupportedError` from them instead."""
+        return type(self).set_if is not KvStore.set_if
+
+    @property
+    def supports_read_into(self) -> bool:
+        """Whether :meth:`read_into` reads ranges straight into caller-provided buffers."""
+        return False
+
+    def read_into(
+        self, requests: Sequence[tuple[str, int, memoryview]]
+    ) -> builtins.list[concurrent.futures.Future[int | None]]:
+        """Start reading ``len(buf)`` bytes of each ``key`` from offset ``start`` into ``buf``;
+        each future gives the number of bytes read, or ``None`` when the key is absent.
+        Only where :attr:`supports_read_into`."""
+        raise UnsupportedError(f"{self.url} cannot read into buffers")
+
+    @property
+    def supports_read_ahead(self) -> bool:
+        """Whether :meth:`read_ahead` starts fetches that later reads take over (stores where
+        every request pays a network round trip)."""
+        return False
+
+    def read_ahead(self, requests: Sequence[tuple[str, tuple[int, int]]]) -> bool:
+        """Start fetching these ``(key, (start, stop))`` ranges now, for reads that follow.
+        Returns ``False`` when nothing was started (not supported, or refused keys: the reads
+        themselves then say what is wrong)."""
+        return False
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether each request pays network latency (batch reads and keep many in flight),
+        as opposed to local disk or memory (one read per worker)."""
+        return False
+
+    @property
+    def lists_sizes(self) -> bool:
+        """Whether :meth:`list_sized` returns sizes (object-store listings), so a listing of a
+        whole directory tree is cheap and tells how large every file is."""
+        return False
+
+    @property
+    def renames_atomically(self) -> bool:
+        """Whether a directory written under a temporary name and renamed appears atomically
+        (local filesystems, memory).  ``False`` for object stores, where a commit marker file
+        written last is the only commit point."""
+        return True
 
     def close(self) -> None:
         """Release resources held by the store (connections, file handles)."""

@@ -13,11 +13,14 @@ through any "fetch these ranges" function and slices the answers back out, in re
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar, Union
 
 from ocdbt_py.kvstore.base import ByteRange, ReadRequest, check_range, normalize_request
 
-__all__ = ["DEFAULT_GAP", "DEFAULT_MAX_SPAN", "Span", "plan", "coalesced_get_many"]
+__all__ = ["DEFAULT_GAP", "DEFAULT_MAX_SPAN", "Span", "plan", "coalesced_get_many", "merge_ranges"]
+
+T = TypeVar("T")
 
 #: Merge ranges separated by at most this many bytes (wasted bytes cost less than a round trip).
 DEFAULT_GAP = 1 << 20
@@ -56,6 +59,41 @@ class Span:
         return out
 
 
+def merge_ranges(
+    ranges: Iterable[tuple[int, int | None, T]],
+    *,
+    gap: int,
+    max_span: Union[int, Callable[[], int]],
+) -> Iterator[tuple[int, int | None, list[T]]]:
+    """Merge byte ranges of one object, given sorted by start, into ``(start, stop, members)``.
+
+    The one range-merging rule of the project (kvstore reads, local and remote restores): a
+    range joins the current group when it starts at most ``gap`` bytes after the group's end
+    and the merged group stays within ``max_span`` bytes.  ``stop=None`` is open-ended (to
+    the end of the object): such a range starts a group that takes every later range, and
+    never joins a bounded one.  ``max_span`` may be a function, asked at each decision, so a
+    caller can let the limit grow with the groups it has received so far (a group is yielded
+    as soon as it is closed).
+    """
+    cur: list[T] = []
+    lo = 0
+    hi: int | None = 0
+    for start, stop, item in ranges:
+        if cur:
+            if hi is None:
+                cur.append(item)
+                continue
+            limit = max_span() if callable(max_span) else max_span
+            if stop is not None and start <= hi + gap and max(hi, stop) - lo <= limit:
+                cur.append(item)
+                hi = max(hi, stop)
+                continue
+            yield lo, hi, cur
+        cur, lo, hi = [item], start, stop
+    if cur:
+        yield lo, hi, cur
+
+
 def plan(
     requests: Sequence[ReadRequest], *, gap: int = DEFAULT_GAP, max_span: int = DEFAULT_MAX_SPAN
 ) -> list[Span]:
@@ -86,28 +124,8 @@ def plan(
             spans.append(Span(key, None, [(i, 0, None) for i in whole] + plain))
             continue
         plain.sort(key=lambda m: (m[1], -1 if m[2] is None else m[2]))
-        cur: Span | None = None
-        cur_stop: int | None = 0
-        for m in plain:
-            _, start, stop = m
-            if cur is not None:
-                cur_start = cur.members[0][1]
-                if cur_stop is None:
-                    mergeable = True  # an open-ended span covers everything after it
-                else:
-                    new_stop = None if stop is None else max(cur_stop, stop)
-                    mergeable = start <= cur_stop + gap and (
-                        new_stop is not None and new_stop - cur_start <= max_span
-                    )
-                if mergeable:
-                    cur.members.append(m)
-                    if cur_stop is not None:
-                        cur_stop = None if stop is None else max(cur_stop, stop)
-                    cur.byte_range = (cur_start, cur_stop)
-                    continue
-            cur = Span(key, (start, stop), [m])
-            cur_stop = stop
-            spans.append(cur)
+        for lo, hi, members in merge_ranges(((m[1], m[2], m) for m in plain), gap=gap, max_span=max_span):
+            spans.append(Span(key, (lo, hi), members))
     return spans
 
 

@@ -15,6 +15,7 @@ from ocdbt_py.kvstore.base import (
     check_range,
     normalize_request,
 )
+from ocdbt_py.kvstore.coalesce import coalesced_get_many
 from ocdbt_py.kvstore.keys import validate_key, validate_prefix
 
 __all__ = ["FsspecStore"]
@@ -60,6 +61,7 @@ class FsspecStore(KvStore):
         read_only: bool | None = None,
     ) -> FsspecStore:
         """Open the filesystem for ``url`` (any fsspec URL, chained URLs included)."""
+        # optional: fsspec loads its backends on first use
         import fsspec.core
 
         try:
@@ -78,6 +80,24 @@ class FsspecStore(KvStore):
     def _path(self, key: str) -> str:
         validate_key(key)
         return f"{self.root}/{key}" if self.root else key
+
+    # -- capabilities ----------------------------------------------------------------------
+    def fsspec_location(self, key: str = "") -> tuple[Any, str] | None:
+        return self.fs, (self._path(key) if key else self.root)
+
+    @property
+    def _protocols(self) -> set[str]:
+        protos = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
+        return set(protos)
+
+    @property
+    def is_remote(self) -> bool:
+        return not (self._protocols & {"file", "local", "memory"})
+
+    @property
+    def renames_atomically(self) -> bool:
+        # Orbax and our save write in place on object stores; commit_success.txt commits there
+        return bool(self._protocols & {"file", "local"})
 
     def _fail(self, what: str, key: str, exc: BaseException) -> StorageError:
         return StorageError(f"{what} {self.url}/{key} failed: {type(exc).__name__}: {exc}")
@@ -125,7 +145,6 @@ class FsspecStore(KvStore):
         reqs = [normalize_request(r) for r in requests]
         if len(reqs) <= 1 or not getattr(self.fs, "async_impl", False):
             return super().get_many(reqs)
-        from ocdbt_py.kvstore.coalesce import coalesced_get_many
 
         return coalesced_get_many(
             reqs, self._fetch_concurrently, gap=self.coalesce_gap, max_span=self.coalesce_max_span

@@ -22,7 +22,9 @@ from typing import Any
 from urllib.parse import quote
 
 from ocdbt_py.errors import ConditionFailedError, StorageError
-from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings
+from ocdbt_py.kvstore.direct import DirectReadStore, reader_for
+from ocdbt_py.kvstore.gcsdirect import GcsDirect
+from ocdbt_py.kvstore.object_store import _secret_strings
 
 __all__ = ["GcsStore"]
 
@@ -39,7 +41,7 @@ def _multipart(name: str, data: bytes) -> bytes:
     )
 
 
-class GcsStore(ObjectStore):
+class GcsStore(DirectReadStore):
     """A GCS bucket (or a prefix of one) as a :class:`KvStore` with atomic conditional writes."""
 
     @classmethod
@@ -53,6 +55,7 @@ class GcsStore(ObjectStore):
         """Open ``gs://bucket/prefix``; ``storage_options`` go to :class:`gcsfs.GCSFileSystem`."""
         opts, ours = cls._split_options(storage_options)
         try:
+            # optional: fsspec loads its backends on first use
             import fsspec
             import gcsfs.core
         except ImportError as e:
@@ -70,7 +73,7 @@ class GcsStore(ObjectStore):
             root = fs_cls._strip_protocol(url)
         except (ImportError, ValueError, TypeError) as e:
             raise StorageError(f"cannot open {url}: {e}") from e
-        return cls(
+        store = cls(
             fs,
             root,
             read_only=read_only,
@@ -79,6 +82,8 @@ class GcsStore(ObjectStore):
             secrets=_secret_strings(storage_options or {}),
             scheme=url.split("://", 1)[0].lower(),
         )
+        store._direct = GcsDirect.from_fs(fs, opts, reader_for)
+        return store
 
     def _media_url(self, bucket: str, name: str) -> str:
         return f"{self.fs._location}/download/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
@@ -87,6 +92,9 @@ class GcsStore(ObjectStore):
         return f"{self.fs._location}/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
 
     async def _get_range(self, bucket: str, name: str, start: int, stop: int | None) -> bytes | None:
+        answered, got = await self._direct_get(bucket, name, start, stop)
+        if answered:
+            return got
         headers: dict[str, str] = {}
         if start < 0:
             headers["Range"] = f"bytes={start}"
@@ -106,6 +114,9 @@ class GcsStore(ObjectStore):
         return data
 
     async def _object_size(self, bucket: str, name: str) -> int | None:
+        answered, size = await self._direct_size(bucket, name)
+        if answered:
+            return size
         try:
             meta = await self.fs._call("GET", self._meta_url(bucket, name), json_out=True)
         except FileNotFoundError:

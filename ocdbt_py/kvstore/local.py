@@ -40,7 +40,8 @@ except ImportError:  # pragma: no cover - Windows
 __all__ = ["LocalStore", "open_beneath", "open_dir_beneath", "symlink_error"]
 
 _LOCK_SUFFIX = ".__lock"
-_TMP_MARK = ".__tmp."
+#: Marks the temporary file of a write in progress (renamed into place when complete).
+TMP_MARK = ".__tmp."
 
 
 #: Values up to this size get a content digest in their generation.
@@ -67,6 +68,14 @@ class LocalStore(KvStore):
     def _path(self, key: str) -> str:
         validate_key(key)
         return os.path.join(self.root, *key.split("/"))
+
+    def local_path(self, key: str = "") -> str | None:
+        """The file of ``key`` below :attr:`root` (``""``: the root directory itself)."""
+        return self._path(key) if key else self.root
+
+    def no_follow_root(self) -> str | None:
+        """:attr:`root`: no symbolic link below it is followed."""
+        return self.root
 
     def _fail(self, what: str, key: str, exc: OSError) -> StorageError:
         if isinstance(exc, StorageError):  # e.g. a link refused: already says what and where
@@ -180,7 +189,7 @@ class LocalStore(KvStore):
                 if (relb + d.encode() + b"/").startswith(pb) or pb.startswith(relb + d.encode() + b"/")
             ]
             for f in filenames:
-                if f.endswith(_LOCK_SUFFIX) or _TMP_MARK in f:
+                if f.endswith(_LOCK_SUFFIX) or TMP_MARK in f:
                     continue
                 kb = relb + f.encode()
                 if kb.startswith(pb):
@@ -208,7 +217,7 @@ class LocalStore(KvStore):
                 for entry in it:
                     if entry.is_dir(follow_symlinks=False):
                         dirs.append(entry.name)
-                    elif not (entry.name.endswith(_LOCK_SUFFIX) or _TMP_MARK in entry.name):
+                    elif not (entry.name.endswith(_LOCK_SUFFIX) or TMP_MARK in entry.name):
                         files.append(entry.name)
         except (FileNotFoundError, NotADirectoryError):
             pass
@@ -220,7 +229,7 @@ class LocalStore(KvStore):
             raise ReadOnlyError(f"{self.url} is read-only")
 
     def _write_temp(self, dfd: int, name: str, value: bytes | bytearray | memoryview | Sequence[Any]) -> str:
-        tmp = f"{name}{_TMP_MARK}{uuid.uuid4().hex}"
+        tmp = f"{name}{TMP_MARK}{uuid.uuid4().hex}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC | getattr(os, "O_BINARY", 0)
         fd = os.open(tmp, flags, 0o644, dir_fd=dfd)
         try:

@@ -33,11 +33,11 @@ import uuid
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
-from ocdbt_py.errors import ConditionFailedError, InvalidKeyError, StorageError, UnsupportedError
+from ocdbt_py.errors import ConditionFailedError, InvalidKeyError, OcdbtError, StorageError, UnsupportedError
 from ocdbt_py.kvstore.base import ByteRange, check_range
 from ocdbt_py.kvstore.fsspec_store import FsspecStore
 
-__all__ = ["ObjectStore", "redact", "OUR_OPTIONS", "read_ahead", "is_object_store"]
+__all__ = ["ObjectStore", "redact", "OUR_OPTIONS"]
 
 T = TypeVar("T")
 
@@ -80,37 +80,6 @@ def redact(text: str, secrets: Iterable[str]) -> str:
         text = text.replace(s, "<redacted>")
     text = _CONN_SECRET.sub(lambda m: f"{m.group(1)}=<redacted>", text)
     return _URL_SECRET.sub(lambda m: f"{m.group(1)}<redacted>", text)
-
-
-def _base_of(kv: Any) -> tuple[Any, str]:
-    from ocdbt_py.kvstore.prefixed import PrefixStore
-
-    pre = ""
-    while type(kv) is PrefixStore:
-        pre = kv.prefix + pre
-        kv = kv.base
-    return kv, pre
-
-
-def is_object_store(kv: Any) -> bool:
-    """Whether ``kv`` is an :class:`ObjectStore` or a prefix view of one."""
-    return isinstance(_base_of(kv)[0], ObjectStore)
-
-
-def read_ahead(kv: Any, requests: Sequence[tuple[str, tuple[int, int]]]) -> bool:
-    """Start :meth:`ObjectStore.read_ahead` of ``requests`` (keys of ``kv``) where ``kv`` is
-    an object store or a prefix view of one; ``False`` (nothing done) for other stores, and
-    for keys or ranges the store refuses (the reads themselves then say what is wrong)."""
-    from ocdbt_py.errors import OcdbtError
-
-    kv, pre = _base_of(kv)
-    if not isinstance(kv, ObjectStore) or not requests:
-        return False
-    try:
-        kv.read_ahead([(pre + k, r) for k, r in requests])
-    except (ValueError, TypeError, OcdbtError):
-        return False
-    return True
 
 
 class ObjectStore(FsspecStore, abc.ABC):
@@ -186,6 +155,7 @@ class ObjectStore(FsspecStore, abc.ABC):
         return bucket, name
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        # optional: fsspec loads its backends on first use
         from fsspec.asyn import sync
 
         return sync(self.fs.loop, lambda: coro)  # type: ignore[no-any-return]
@@ -246,7 +216,35 @@ class ObjectStore(FsspecStore, abc.ABC):
     #: a value read ahead answers one later :meth:`get` made within this many seconds
     ahead_seconds = 30.0
 
-    def read_ahead(self, requests: Sequence[tuple[str, tuple[int, int]]]) -> concurrent.futures.Future[None]:
+    # -- capabilities ------------------------------------------------------------------------
+    @property
+    def is_remote(self) -> bool:
+        return True
+
+    @property
+    def lists_sizes(self) -> bool:
+        return True
+
+    @property
+    def supports_read_ahead(self) -> bool:
+        return True
+
+    @property
+    def supports_read_into(self) -> bool:
+        return True
+
+    def read_ahead(self, requests: Sequence[tuple[str, tuple[int, int]]]) -> bool:
+        """:meth:`start_read_ahead`, returning ``False`` (nothing started) instead of raising
+        for keys or ranges this store refuses: the reads themselves then say what is wrong."""
+        if not requests:
+            return False
+        try:
+            self.start_read_ahead(requests)
+        except (ValueError, TypeError, OcdbtError):
+            return False
+        return True
+
+    def start_read_ahead(self, requests: Sequence[tuple[str, tuple[int, int]]]) -> concurrent.futures.Future[None]:
         """Start reading bytes ``[start, stop)`` of each ``(key, (start, stop))``, all
         concurrently, and return at once (the future says when all have arrived); each result
         (absent objects included) answers the next :meth:`get` of its key whose range it
@@ -257,13 +255,13 @@ class ObjectStore(FsspecStore, abc.ABC):
         trip this way, while it does other work.  A range read from offset 0 that comes back
         shorter than asked holds the whole object, so it also answers reads of any range.
         Failures are not reported here: the later :meth:`get` then makes its own request (and
-        reports its own error).  Writing or deleting a key drops what was read ahead for it."""
+        reports its own error).  Writing or deleting a key drops what was read ahead for it.
+        ``ValueError`` for ranges other than ``0 <= start < stop``."""
         reqs = [(k, (int(r[0]), int(r[1]))) for k, r in requests]
         for k, (start, stop) in reqs:
             self._locate(k)
             if start < 0 or stop <= start:
                 raise ValueError("read_ahead needs ranges 0 <= start < stop")
-
         fut = self._start_ahead(reqs)
         now = time.monotonic()
         with self._ahead_lock:

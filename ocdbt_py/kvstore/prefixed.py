@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
+import concurrent.futures
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request
 from ocdbt_py.kvstore.keys import validate_key, validate_prefix
@@ -75,3 +78,56 @@ class PrefixStore(KvStore):
         self, key: str, value: bytes | bytearray | memoryview, *, if_generation: str | None
     ) -> str:
         return self.base.set_if(self._k(key), value, if_generation=if_generation)
+
+    # -- capabilities: all forwarded, with this view's prefix ------------------------------
+    def local_path(self, key: str = "") -> str | None:
+        return self.base.local_path(self._k(key) if key else self.prefix.rstrip("/"))
+
+    def no_follow_root(self) -> str | None:
+        return self.base.no_follow_root()
+
+    def fsspec_location(self, key: str = "") -> tuple[Any, str] | None:
+        return self.base.fsspec_location(self._k(key) if key else self.prefix.rstrip("/"))
+
+    @property
+    def syncs_later(self) -> bool:
+        return self.base.syncs_later
+
+    def note_written(self, path: str) -> None:
+        self.base.note_written(path)
+
+    @property
+    def supports_conditional_writes(self) -> bool:
+        return self.base.supports_conditional_writes
+
+    @property
+    def supports_read_into(self) -> bool:
+        return self.base.supports_read_into
+
+    def read_into(
+        self, requests: Sequence[tuple[str, int, memoryview]]
+    ) -> builtins.list[concurrent.futures.Future[int | None]]:
+        return self.base.read_into([(self._k(k), start, buf) for k, start, buf in requests])
+
+    @property
+    def supports_read_ahead(self) -> bool:
+        return self.base.supports_read_ahead
+
+    def read_ahead(self, requests: Sequence[tuple[str, tuple[int, int]]]) -> bool:
+        try:
+            reqs = [(self._k(k), r) for k, r in requests]
+        except (ValueError, TypeError):
+            return False
+        return self.base.read_ahead(reqs)
+
+    @property
+    def is_remote(self) -> bool:
+        return self.base.is_remote
+
+    @property
+    def lists_sizes(self) -> bool:
+        return self.base.lists_sizes
+
+    @property
+    def renames_atomically(self) -> bool:
+        return self.base.renames_atomically

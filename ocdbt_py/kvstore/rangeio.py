@@ -21,6 +21,8 @@ import threading
 import urllib.parse
 from typing import Any
 
+from ocdbt_py.pools import dedicated
+
 __all__ = ["HttpRangeReader", "HttpStatusError", "TlsVerifyError", "shared_reader"]
 
 #: Bytes kept from an error response's body (for the message).
@@ -56,7 +58,7 @@ class HttpRangeReader:
         self._verify = verify
         self._ssl: ssl.SSLContext | None = None
         self._ssl_lock = threading.Lock()
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="ocdbt-http")
+        self._pool = dedicated("http", threads)
         self._local = threading.local()
 
     def _ssl_context(self) -> ssl.SSLContext:

@@ -15,6 +15,7 @@ import builtins
 import hashlib
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from ocdbt_py.errors import ConditionFailedError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest
@@ -38,6 +39,28 @@ class SingleWriterStore(KvStore):
     @property
     def url(self) -> str:
         return self.base.url
+
+    # -- capabilities: everything but conditional writes (ours) is the wrapped store's ------
+    def local_path(self, key: str = "") -> str | None:
+        return self.base.local_path(key)
+
+    def no_follow_root(self) -> str | None:
+        return self.base.no_follow_root()
+
+    def fsspec_location(self, key: str = "") -> tuple[Any, str] | None:
+        return self.base.fsspec_location(key)
+
+    @property
+    def is_remote(self) -> bool:
+        return self.base.is_remote
+
+    @property
+    def lists_sizes(self) -> bool:
+        return self.base.lists_sizes
+
+    @property
+    def renames_atomically(self) -> bool:
+        return self.base.renames_atomically
 
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
         return self.base.get(key, byte_range)

@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ocdbt_py.errors import ConditionFailedError, OcdbtError, UnsupportedError
-from ocdbt_py.format.btree import LeafNode
-from ocdbt_py.format.data_file_table import IndirectDataReference
+from ocdbt_py.format.btree import InteriorNode, LeafNode
+from ocdbt_py.format.data_file_table import IndirectDataReference, Statistics
 from ocdbt_py.format.manifest import Manifest
 from ocdbt_py.format.version_tree import (
     BtreeGenerationReference,
@@ -41,9 +41,14 @@ from ocdbt_py.format.version_tree import (
     VersionTreeNode,
     encode_version_tree_node,
 )
+from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.local import TMP_MARK
 from ocdbt_py.read.node_reader import NodeReader
 from ocdbt_py.read.version_read import MANIFEST_KEY, all_versions
+from ocdbt_py.store import OcdbtStore
+from ocdbt_py.store import open as open_store
+from ocdbt_py.timeutil import to_nanoseconds
 from ocdbt_py.write.data_writer import DataWriter
 from ocdbt_py.write.manifest_io import is_numbered
 from ocdbt_py.write.version_tree_writer import add_generation, next_commit_time
@@ -206,8 +211,6 @@ def _walk_unseen(
     reader: NodeReader, v: BtreeGenerationReference, seen: set[IndirectDataReference]
 ) -> Iterator[Any]:
     """Every node of ``v``'s tree, skipping subtrees already visited through another version."""
-    from ocdbt_py.format.btree import InteriorNode
-
     assert v.root is not None
     if v.root in seen:
         return
@@ -225,20 +228,14 @@ def _walk_unseen(
 
 def _age_seconds(kv: KvStore, key: str, now: float) -> float | None:
     """Seconds since ``key`` was last modified, or ``None`` when the backend cannot tell."""
-    from ocdbt_py.kvstore.local import LocalStore
-    from ocdbt_py.kvstore.prefixed import PrefixStore
-
-    prefix = ""
-    while isinstance(kv, PrefixStore):
-        prefix = kv.prefix + prefix
-        kv = kv.base
-    if isinstance(kv, LocalStore):
-        try:
-            st = os.stat(os.path.join(kv.root, *(prefix + key).split("/")))
-        except OSError:
-            return None
-        return now - st.st_mtime
-    return None
+    path = kv.local_path(key)
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return now - st.st_mtime
 
 
 def _candidates(kv: KvStore) -> Iterator[str]:
@@ -256,12 +253,11 @@ def _candidates(kv: KvStore) -> Iterator[str]:
 
 
 def _inside_parent_database(kv: KvStore) -> bool:
-    from ocdbt_py.kvstore.local import LocalStore
-
-    if isinstance(kv, LocalStore):
-        parent = os.path.dirname(kv.root.rstrip(os.sep))
-        return os.path.exists(os.path.join(parent, MANIFEST_KEY))
-    return False
+    root = kv.local_path()
+    if root is None:
+        return False
+    parent = os.path.dirname(root.rstrip(os.sep))
+    return os.path.exists(os.path.join(parent, MANIFEST_KEY))
 
 
 def collect_garbage(
@@ -282,9 +278,6 @@ def collect_garbage(
     is kept and only unreferenced files go.  A database inside another one (Orbax's
     per-process databases, whose files the parent references) is refused unless ``force``.
     """
-    import ocdbt_py
-    from ocdbt_py.timeutil import to_nanoseconds
-
     if keep_versions is not None and keep_since is not None:
         raise ValueError("give keep_versions or keep_since, not both")
     if keep_versions is not None and (isinstance(keep_versions, bool) or keep_versions < 1):
@@ -292,11 +285,9 @@ def collect_garbage(
     if grace_seconds < 0:
         raise ValueError("grace_seconds must not be negative")
     since_ns = None if keep_since is None else to_nanoseconds(keep_since)
-    if isinstance(location, ocdbt_py.OcdbtStore):
+    if isinstance(location, OcdbtStore):
         kv = location.kvstore
     else:
-        from ocdbt_py.kvstore import open_kvstore
-
         kv = open_kvstore(location, storage_options, read_only=dry_run)
     report = GcReport(kv.url, dry_run)
     if _inside_parent_database(kv) and not force:
@@ -305,7 +296,7 @@ def collect_garbage(
             f"pass force=True (--force) to collect garbage anyway"
         )
     if dry_run:
-        db = ocdbt_py.open(kv)
+        db = open_store(kv)
         versions = db.versions()
         refs = [BtreeGenerationReference(v.generation, v.root, v.root_height,
                                          _stats(v), v.commit_time_ns) for v in versions]
@@ -313,7 +304,7 @@ def collect_garbage(
             cutoff = _cutoff(refs, keep_versions, since_ns)
             report.dropped_generations = [v.generation for v in versions if v.generation < cutoff]
     else:
-        db = ocdbt_py.open(kv, mode="a")
+        db = open_store(kv, mode="a")
         if db.manifest.versions and (keep_versions is not None or since_ns is not None):
             _prune_history(db, keep_versions, since_ns, report)
         db.refresh()
@@ -335,7 +326,7 @@ def collect_garbage(
         if grace_seconds > 0 and (age is None or age < grace_seconds):
             report.kept_young.append(key)
             continue
-        size = kv.size(key) if hasattr(kv, "size") else None
+        size = kv.size(key)
         report.deleted.append(key)
         report.deleted_bytes += size or 0
         if not dry_run:
@@ -349,16 +340,15 @@ def collect_garbage(
 
 def _remove_stale_temp_files(kv: KvStore, now: float, grace: float, dry_run: bool, report: GcReport) -> None:
     """Local directories: temporary files of writes that crashed before their rename."""
-    from ocdbt_py.kvstore.local import _TMP_MARK, LocalStore
-
-    if not isinstance(kv, LocalStore):
+    root = kv.local_path()
+    if root is None:
         return
-    for dirpath, dirnames, filenames in os.walk(kv.root):
-        if os.path.exists(os.path.join(dirpath, MANIFEST_KEY)) and os.path.abspath(dirpath) != kv.root:
+    for dirpath, dirnames, filenames in os.walk(root):
+        if os.path.exists(os.path.join(dirpath, MANIFEST_KEY)) and os.path.abspath(dirpath) != root:
             dirnames[:] = []  # a nested database: not ours
             continue
         for name in filenames:
-            if _TMP_MARK not in name:
+            if TMP_MARK not in name:
                 continue
             full = os.path.join(dirpath, name)
             try:
@@ -367,7 +357,7 @@ def _remove_stale_temp_files(kv: KvStore, now: float, grace: float, dry_run: boo
                 continue
             if now - st.st_mtime < grace:
                 continue
-            rel = os.path.relpath(full, kv.root).replace(os.sep, "/")
+            rel = os.path.relpath(full, root).replace(os.sep, "/")
             report.temp_files.append(rel)
             report.deleted_bytes += st.st_size
             if not dry_run:
@@ -382,6 +372,4 @@ def _all_gens(reader: NodeReader, m: Manifest) -> list[int]:
 
 
 def _stats(v: Any) -> Any:
-    from ocdbt_py.format.data_file_table import Statistics
-
     return Statistics(v.num_keys, v.num_tree_bytes, v.num_indirect_value_bytes)

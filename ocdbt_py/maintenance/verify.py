@@ -41,8 +41,14 @@ from ocdbt_py.format.btree import BtreeNode, InteriorNode, LeafNode, decode_btre
 from ocdbt_py.format.data_file_table import IndirectDataReference, Statistics
 from ocdbt_py.format.manifest import Manifest
 from ocdbt_py.format.version_tree import BtreeGenerationReference, VersionNodeReference
+from ocdbt_py.keys import escape_key
+from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.maintenance.verify_data import DataReport, verify_data
+from ocdbt_py.read.cache import LruCache
+from ocdbt_py.read.node_reader import NodeReader
+from ocdbt_py.read.version_read import find_generation, read_manifest
+from ocdbt_py.store import OcdbtStore
 
 if TYPE_CHECKING:
     from ocdbt_py.read.node_reader import NodeReader
@@ -208,7 +214,6 @@ def _fmt_stats(s: Statistics) -> str:
 
 
 def _fmt_key(k: bytes) -> str:
-    from ocdbt_py.keys import escape_key
 
     s = escape_key(k)
     return repr(s if len(s) <= 80 else s[:77] + "...")
@@ -586,11 +591,6 @@ def verify(
     decoded too, once the structure is clean (:func:`~.verify_data.verify_data`; the result
     is ``report.data``).
     """
-    from ocdbt_py.kvstore import open_kvstore
-    from ocdbt_py.read.cache import LruCache
-    from ocdbt_py.read.node_reader import NodeReader
-    from ocdbt_py.read.version_read import find_generation, read_manifest
-    from ocdbt_py.store import OcdbtStore
 
     selected: int | None = None
     if isinstance(db_or_url, OcdbtStore):

@@ -19,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import zarr3
 from ocdbt_py.errors import OcdbtError
-
-if TYPE_CHECKING:
-    from ocdbt_py.store import OcdbtStore
+from ocdbt_py.kvstore.prefixed import PrefixStore
+from ocdbt_py.store import OcdbtStore
+from ocdbt_py.store import open as open_db
 
 __all__ = ["verify_data", "DataReport", "ChunkProblem"]
 
@@ -120,9 +121,6 @@ def _chunk_keys(keys: list[str], arrays: list[str]) -> dict[str, list[str]]:
 
 def _check_array(db_kv: Any, prefix: str, keys: list[str], report: DataReport, max_problems: int,
                  tick: Callable[[], None]) -> None:
-    import zarr3
-    from ocdbt_py.kvstore.prefixed import PrefixStore
-
     name = prefix.rstrip("/") or "/"
     try:
         arr = zarr3.open(PrefixStore(db_kv, prefix) if prefix else db_kv, mode="r")
@@ -153,9 +151,6 @@ def _problem(report: DataReport, p: ChunkProblem, max_problems: int) -> None:
 
 
 def _open(location: OcdbtStore | str | os.PathLike[str] | Any, storage_options: dict[str, Any] | None) -> Any:
-    from ocdbt_py.store import OcdbtStore
-    from ocdbt_py.store import open as open_db
-
     if isinstance(location, OcdbtStore):
         return location
     return open_db(location, storage_options=storage_options)

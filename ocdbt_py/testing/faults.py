@@ -75,6 +75,19 @@ class FaultyStore(KvStore):
     def url(self) -> str:
         return self.base.url
 
+    # -- capabilities: only those that do not read or write around the injected faults ------
+    @property
+    def is_remote(self) -> bool:
+        return self.base.is_remote
+
+    @property
+    def supports_conditional_writes(self) -> bool:
+        return self.base.supports_conditional_writes
+
+    @property
+    def renames_atomically(self) -> bool:
+        return self.base.renames_atomically
+
     def _step(self, op: str, key: str, value: Any = None) -> None:
         if op not in self.ops:
             return

@@ -15,7 +15,6 @@ with a fixed delay per request, wall time is at least ``depth * delay``.
 from __future__ import annotations
 
 import builtins
-import concurrent.futures
 import dataclasses
 import threading
 import time
@@ -23,6 +22,7 @@ from collections.abc import Iterator, Sequence
 
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request
 from ocdbt_py.kvstore.coalesce import DEFAULT_GAP, DEFAULT_MAX_SPAN, coalesced_get_many
+from ocdbt_py.pools import dedicated
 
 __all__ = ["LatencyStore", "RequestStats"]
 
@@ -83,6 +83,19 @@ class LatencyStore(KvStore):
     def url(self) -> str:
         return self.base.url
 
+    # -- capabilities: a modelled object store; nothing that would read around the delay ----
+    @property
+    def is_remote(self) -> bool:
+        return True
+
+    @property
+    def supports_conditional_writes(self) -> bool:
+        return self.base.supports_conditional_writes
+
+    @property
+    def renames_atomically(self) -> bool:
+        return self.base.renames_atomically
+
     # -- accounting ----------------------------------------------------------------------
     def _begin(self, op: str, depth: int | None = None) -> int:
         with self._lock:
@@ -132,7 +145,7 @@ class LatencyStore(KvStore):
         with self._lock:
             depth = self._finished_depth + 1
         workers = min(self.max_concurrency, len(reqs))
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        with dedicated("io", workers, name="latency") as pool:
             futs = [
                 pool.submit(self._get, k, r, depth + i // self.max_concurrency) for i, (k, r) in enumerate(reqs)
             ]

@@ -11,13 +11,19 @@ Users reach it through :func:`ocdbt_py.open` with ``mode="a"``::
 
 Modules: :mod:`.options` (config constraints, writer options), :mod:`.data_writer`,
 :mod:`.node_encoder`, :mod:`.btree_writer`, :mod:`.version_tree_writer`,
-:mod:`.manifest_io`, :mod:`.commit`, :mod:`.transaction`, :mod:`.gc`.
+:mod:`.manifest_io`, :mod:`.commit`, :mod:`.transaction`, and :mod:`.bulk` (a single-generation
+database written in one pass, for checkpoint writers).  Garbage collection is in
+:mod:`ocdbt_py.maintenance.gc`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from ocdbt_py.read.cache import LruCache
+from ocdbt_py.write.commit import Writer
+from ocdbt_py.write.options import parse_options
 
 if TYPE_CHECKING:
     from ocdbt_py.kvstore.base import KvStore
@@ -34,9 +40,6 @@ def open_writer(
     ``config`` holds TensorStore's config names (constraints on an existing database,
     choices for a new one) and the writer options; see :func:`.options.parse_options`.
     """
-    from ocdbt_py.read.cache import LruCache
-    from ocdbt_py.write.commit import Writer
-    from ocdbt_py.write.options import parse_options
 
     constraints, options = parse_options(config)
     return Writer(kv, constraints, options, LruCache(cache_bytes))

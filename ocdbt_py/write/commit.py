@@ -55,11 +55,7 @@ def supports_conditional_writes(kv: KvStore) -> bool:
     A backend that implements them but finds at run time that it cannot make them atomic
     raises :class:`UnsupportedError` from the commit instead.
     """
-    from ocdbt_py.kvstore.prefixed import PrefixStore
-
-    if isinstance(kv, PrefixStore):
-        return supports_conditional_writes(kv.base)
-    return type(kv).set_if is not KvStore.set_if
+    return kv.supports_conditional_writes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,13 +43,7 @@ def blob_length(blob: Blob) -> int:
 
 def write_parts(kv: KvStore, key: str, parts: Sequence[bytes | bytearray | memoryview]) -> None:
     """Store the concatenation of ``parts`` at ``key`` without joining them when possible."""
-    set_parts = getattr(kv, "set_parts", None)
-    if set_parts is not None:
-        set_parts(key, parts)
-    elif len(parts) == 1:
-        kv.set(key, parts[0])
-    else:
-        kv.set(key, b"".join(parts))
+    kv.set_parts(key, parts)
 
 
 class DataWriter:

@@ -16,6 +16,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Union
 
+import numpy as np
+
 from ocdbt_py.format.btree import MAX_NODE_ENTRIES, BtreeChild, BtreeNode, InteriorNode, LeafNode, list_leaf_nbytes
 from ocdbt_py.format.data_file_table import (
     DataFileId,
@@ -89,7 +91,6 @@ def adjacent_prefixes(keys: Sequence[bytes]) -> list[int]:
 
 def _padded(keys: Sequence[bytes], width: int) -> Any:
     """``keys`` as a ``(len(keys), width)`` uint8 matrix, NUL-padded."""
-    import numpy as np
 
     flat = np.frombuffer(b"".join([k.ljust(width, b"\0") for k in keys]), dtype=np.uint8)
     return flat.reshape(len(keys), width)
@@ -110,8 +111,6 @@ class _KeyColumns:
         self.width = 0
         self.mat: Any = None
         if n >= _VECTOR_MIN:
-            import numpy as np
-
             lens = np.fromiter(map(len, keys), dtype=np.int64, count=n)
             width = int(lens.max())
             if 0 < width <= _VECTOR_MAX_WIDTH:
@@ -143,8 +142,6 @@ class _KeyColumns:
         keys = self.keys
         put_varint(body, e - s)
         if self.width and e - s >= _VECTOR_MIN:
-            import numpy as np
-
             cs = self.cps_np[s + 1:e]
             body += _varints_np(cs - x)
             body += _varints_np(np.concatenate(([len(keys[s]) - x], self.lens[s + 1:e] - cs)))
@@ -186,7 +183,6 @@ def split_ranges(
     # g[j] = size(0, j + 1); size(s, e) = g[e-1] - base(s) with base(s) = g[s-1] - cpl.
     g: Any
     if hasattr(estimates, "dtype"):  # a numpy array
-        import numpy as np
 
         g = (np.cumsum(estimates - cpl) + cpl).tolist()
     else:
@@ -239,7 +235,6 @@ def put_column(out: bytearray, values: Sequence[int]) -> None:
 
 def _varints_np(values: Any) -> bytes:
     """Canonical varints of many values (a sequence or an integer array) at once."""
-    import numpy as np
 
     global _SHIFTS
     if _SHIFTS is None:
@@ -297,8 +292,6 @@ def encode_leaf_level(
         files_used = {v.file for v, r in zip(values, is_ref) if r}  # type: ignore[union-attr]
         fsize = {f: _REF_FIXED + len(f.base_path) + len(f.relative_path) for f in files_used}
         if kc.width and len(fsize) == 1:
-            import numpy as np
-
             (one,) = fsize.values()
             inline = np.fromiter(map(len, values), dtype=np.int64, count=n)  # type: ignore[arg-type]
             mask = np.array(is_ref)

@@ -19,19 +19,33 @@ the newest version when another writer commits first.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ocdbt_py.errors import ConditionFailedError, OcdbtError
 from ocdbt_py.format.btree import MAX_KEY_LENGTH
 from ocdbt_py.kvstore.base import ByteRange, KvStore, check_range, slice_range
-from ocdbt_py.read.btree_read import iterate
+from ocdbt_py.read.snapshot import Snapshot, key_bounds
 from ocdbt_py.write.commit import Condition
 from ocdbt_py.write.mutations import ANY, ChunkedValue, MutationSet, as_key, as_value
 
-if TYPE_CHECKING:
-    from ocdbt_py.store import OcdbtStore
+__all__ = ["Transaction", "TransactionKvStore", "ANY", "Database"]
 
-__all__ = ["Transaction", "TransactionKvStore", "ANY"]
+
+class Database(Protocol):
+    """What a transaction needs of the database it writes (:class:`~ocdbt_py.store.OcdbtStore`)."""
+
+    @property
+    def url(self) -> str:
+        """Where the database lives."""
+
+    def refresh(self) -> None:
+        """Re-read the manifest."""
+
+    def snapshot(self) -> Snapshot:
+        """The version the database currently reads."""
+
+    def commit(self, mutations: Any = None) -> int:
+        """Commit ``mutations`` as one generation; returns it."""
 
 
 def _materialize(v: Any) -> bytes | None:
@@ -45,9 +59,9 @@ def _materialize(v: Any) -> bytes | None:
 class Transaction:
     """Collects writes, deletes and range deletes, then commits them as one generation."""
 
-    def __init__(self, store: OcdbtStore):
+    def __init__(self, store: Database):
         self._store = store
-        self._base: Any = None  # taken at the first read, from a freshly read manifest
+        self._base: Snapshot | None = None  # taken at the first read, from a freshly read manifest
         self._muts = MutationSet()
         self._state = "open"
         #: The generation this transaction committed (set by :meth:`commit`).
@@ -67,14 +81,14 @@ class Transaction:
         return len(self._muts)
 
     # -- reading -----------------------------------------------------------------------------
-    def _snapshot(self) -> Any:
+    def _snapshot(self) -> Snapshot:
         if self._base is None:
             self._store.refresh()
-            self._base = self._store._snapshot()
+            self._base = self._store.snapshot()
         return self._base
 
     def _base_entry(self, key: bytes) -> Any:
-        return self._store._lookup_raw(self._snapshot(), key)
+        return self._snapshot().lookup(key)
 
     def get(self, key: Any) -> bytes | None:
         """The value as this transaction sees it; reading a key makes the commit conditional
@@ -91,7 +105,7 @@ class Transaction:
             muts.conditions[k] = Condition("entry", raw)
         if raw is None or isinstance(raw, bytes):
             return raw
-        return self._store._read_ref(self._snapshot(), raw)
+        return self._snapshot().read(raw)
 
     def __getitem__(self, key: Any) -> bytes:
         v = self.get(key)
@@ -118,12 +132,11 @@ class Transaction:
         """Keys as this transaction sees them, in order (listing adds no commit condition)."""
         self._check_open()
         snap = self._snapshot()
-        lo, hi = self._store._bounds(prefix, start, stop)
+        lo, hi = key_bounds(prefix, start, stop)
         muts = self._muts
         pending = [k for k in muts.sorted_keys() if k >= lo and (hi is None or k < hi)]
         w = muts.writes
-        root, reader = snap
-        base = (k for k, _ in iterate(reader, root, lo, hi))
+        base = snap.keys(lo, hi)
         i = 0
         for k in base:
             while i < len(pending) and pending[i] < k:
@@ -188,7 +201,7 @@ class Transaction:
         self._check_open()
         self._state = "committing"
         try:
-            gen = self._store._commit_mutations(self._muts)
+            gen = self._store.commit(self._muts)
         except BaseException:
             self._state = "failed"
             raise

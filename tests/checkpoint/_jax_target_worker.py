@@ -187,6 +187,9 @@ class CountingStore(LocalStore):
         self.counts[key] = self.counts.get(key, 0) + 1
         return super().get(key, byte_range)
 
+    def local_path(self, key: str = "") -> str | None:
+        return None  # no direct file reads: every read must come through get() to be counted
+
 
 @check
 def each_region_read_once_per_device_domain() -> list[str]:

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from ocdbt_py.checkpoint import restore, save
-from ocdbt_py.checkpoint.saving import atomic, sinks
+from ocdbt_py.checkpoint.saving import atomic
 from ocdbt_py.errors import NotFoundError, StorageError
-from ocdbt_py.kvstore import LocalStore
+from ocdbt_py.kvstore import LocalStore, sinks
 from ocdbt_py.kvstore import local as local_mod
 from ocdbt_py.kvstore.fsspec_store import FsspecStore
 from ocdbt_py.testing.faults import WRITE_OPS, FaultyStore, InjectedFault

@@ -82,10 +82,21 @@ class TestGcsStore(StoreTests):
     def _srv(self, gcs: servers.GcsServer) -> None:
         self.srv = gcs
 
+    #: reads sent by us (ocdbt_py.kvstore.gcsdirect), or all through gcsfs
+    own_http = True
+
     def make_empty(self) -> KvStore:
         s = open_kvstore(f"gs://{BUCKET}/t{next(_n)}", self.srv.storage_options())
         assert isinstance(s, GcsStore)
+        assert (s._direct is not None) == self.own_http
+        self._made = getattr(self, "_made", []) + [s]
         return s
+
+    @pytest.fixture(autouse=True)
+    def _still_direct(self) -> Any:
+        yield
+        for s in getattr(self, "_made", []):  # no read made the direct path give up
+            assert (s._direct is not None) == self.own_http
 
     def test_generation_changes_even_for_equal_content(self, store: KvStore) -> None:
         g1 = store.set_if("m", b"same", if_generation=None)
@@ -100,10 +111,21 @@ class TestAzureStore(StoreTests):
     def _srv(self, azure: servers.AzureServer) -> None:
         self.srv = azure
 
+    #: reads signed by us (ocdbt_py.kvstore.azuredirect, Shared Key), or all through adlfs
+    own_http = True
+
     def make_empty(self) -> KvStore:
         s = open_kvstore(f"az://{BUCKET}/t{next(_n)}", self.srv.storage_options())
         assert isinstance(s, AzureStore)
+        assert (s._direct is not None) == self.own_http
+        self._made = getattr(self, "_made", []) + [s]
         return s
+
+    @pytest.fixture(autouse=True)
+    def _still_direct(self) -> Any:
+        yield
+        for s in getattr(self, "_made", []):  # no read made the direct path give up
+            assert (s._direct is not None) == self.own_http
 
     def test_etag_changes_even_for_equal_content(self, store: KvStore) -> None:
         g1 = store.set_if("m", b"same", if_generation=None)
@@ -111,6 +133,26 @@ class TestAzureStore(StoreTests):
         assert g1 != g2
         with pytest.raises(ConditionFailedError):
             store.set_if("m", b"same", if_generation=g1)
+
+
+class TestGcsStoreViaGcsfs(TestGcsStore):
+    """The same suite with every read through gcsfs (``OCDBT_PY_GCS_OWN_HTTP=0``)."""
+
+    own_http = False
+
+    @pytest.fixture(autouse=True)
+    def _no_own_http(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("OCDBT_PY_GCS_OWN_HTTP", "0")
+
+
+class TestAzureStoreViaAdlfs(TestAzureStore):
+    """The same suite with every read through adlfs (``OCDBT_PY_AZURE_OWN_HTTP=0``)."""
+
+    own_http = False
+
+    @pytest.fixture(autouse=True)
+    def _no_own_http(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("OCDBT_PY_AZURE_OWN_HTTP", "0")
 
 
 # -- configuration through the environment -----------------------------------------------------

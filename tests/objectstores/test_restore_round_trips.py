@@ -14,7 +14,7 @@ import pytest
 
 from ocdbt_py import checkpoint
 from ocdbt_py.kvstore import open_kvstore
-from ocdbt_py.kvstore.object_store import ObjectStore, is_object_store, read_ahead
+from ocdbt_py.kvstore.object_store import ObjectStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
 from tests.objectstores import servers
 from tests.objectstores.latency_proxy import ProxyHandle
@@ -61,9 +61,9 @@ def test_read_ahead_answers_each_covered_read_once(s3_server: servers.S3Server, 
     blob = bytes(range(256)) * 40  # 10240 bytes
     store.set("small", b"hello world")
     store.set("blob", blob)
-    assert is_object_store(PrefixStore(store, "x"))
+    assert PrefixStore(store, "x").supports_read_ahead
     proxy.reset()
-    store.read_ahead([("small", (0, 1 << 20)), ("absent", (0, 100)), ("blob", (1000, 3000))]).result(timeout=60)
+    store.start_read_ahead([("small", (0, 1 << 20)), ("absent", (0, 100)), ("blob", (1000, 3000))]).result(timeout=60)
     stats = proxy.stats()
     assert stats["requests"] == 3 and stats["depth"] == 1, stats  # all three at once
     proxy.reset()
@@ -82,18 +82,18 @@ def test_read_ahead_never_answers_what_it_does_not_cover(s3_server: servers.S3Se
     blob = bytes(range(256)) * 40
     store.set("blob", blob)
     store.set("exact", b"0123456789")
-    store.read_ahead([("blob", (1000, 3000)), ("exact", (0, 10))]).result(timeout=60)
+    store.start_read_ahead([("blob", (1000, 3000)), ("exact", (0, 10))]).result(timeout=60)
     assert store.get("blob", (500, 1500)) == blob[500:1500]  # starts before: read from the server
-    store.read_ahead([("blob", (1000, 3000))]).result(timeout=60)
+    store.start_read_ahead([("blob", (1000, 3000))]).result(timeout=60)
     assert store.get("blob") == blob  # the whole object: not known from a middle range
     # exactly as long as the range read ahead: it may be longer, so only ranges inside count
     assert store.get("exact", (0, 20)) == b"0123456789"
-    store.read_ahead([("exact", (0, 10))]).result(timeout=60)
+    store.start_read_ahead([("exact", (0, 10))]).result(timeout=60)
     assert store.get("exact", (-3, None)) == b"789"
-    store.read_ahead([("blob", (0, 1 << 20))]).result(timeout=60)
+    store.start_read_ahead([("blob", (0, 1 << 20))]).result(timeout=60)
     assert store.get("blob", (-5, None)) == blob[-5:]  # whole: suffixes too
     with pytest.raises(ValueError):
-        store.read_ahead([("blob", (10, 10))])
+        store.start_read_ahead([("blob", (10, 10))])
 
 
 def test_writes_and_deletes_drop_what_was_read_ahead(s3_server: servers.S3Server,
@@ -102,12 +102,12 @@ def test_writes_and_deletes_drop_what_was_read_ahead(s3_server: servers.S3Server
     store.set("a", b"old")
     store.set("b", b"old")
     store.set("c", b"old")
-    store.read_ahead([("a", (0, 100)), ("b", (0, 100))]).result(timeout=60)
+    store.start_read_ahead([("a", (0, 100)), ("b", (0, 100))]).result(timeout=60)
     store.set("a", b"new")
     store.delete("b")
     assert store.get("a") == b"new" and store.get("b") is None
     monkeypatch.setattr(ObjectStore, "ahead_seconds", -1.0)  # expired at once
-    store.read_ahead([("c", (0, 100))]).result(timeout=60)
+    store.start_read_ahead([("c", (0, 100))]).result(timeout=60)
     store.set("c", b"newer")  # written by another client: the store cannot know
     assert store.get("c") == b"newer"  # expired: read again
 
@@ -116,14 +116,14 @@ def test_read_ahead_helper_sees_through_prefix_views(s3_server: servers.S3Server
     store = open_kvstore(f"s3://{BUCKET}/rd{next(_n)}", _opts(s3_server, proxy))
     store.set("dir/f", b"x" * 50)
     view = PrefixStore(store, "dir")
-    assert read_ahead(view, [("f", (0, 100))])
+    assert view.read_ahead([("f", (0, 100))])
     proxy.reset()
     assert view.get("f", (0, 100)) == b"x" * 50
     assert proxy.stats()["requests"] <= 1  # the read ahead itself, if it had not arrived yet
-    assert not read_ahead(view, [("../escape", (0, 10))])  # refused keys: nothing started
+    assert not view.read_ahead([("../escape", (0, 10))])  # refused keys: nothing started
     from ocdbt_py.kvstore import MemoryStore
 
-    assert not read_ahead(MemoryStore(), [("f", (0, 10))])
+    assert not MemoryStore().read_ahead([("f", (0, 10))])
 
 
 # -- restores ------------------------------------------------------------------------------------

@@ -139,3 +139,19 @@ def test_symlinked_data_dir_gets_no_writes(tmp_path: Path, outside: Path) -> Non
     (empty / next(iter(os.listdir(moved)))).write_bytes((moved / os.listdir(moved)[0]).read_bytes())
     with pytest.raises(OcdbtError):
         ocdbt_py.open(db)[b"a"]
+
+
+def test_zarr3_local_fetch_refuses_links(tmp_path: Path, outside: Path) -> None:
+    """zarr3's fast local fetcher (used for plain directories) opens chunks with no link
+    followed, like LocalStore."""
+    import zarr3
+
+    a = zarr3.create(LocalStore(tmp_path / "z"), "a", shape=(4,), dtype="float32", chunks=(4,))
+    a[...] = np.arange(4, dtype=np.float32)
+    chunk = next(p for p in (tmp_path / "z" / "a").rglob("*") if p.is_file() and p.name != "zarr.json")
+    # a valid chunk outside the root: following the link would read it without any error
+    (outside / "victim").write_bytes(np.full(4, 7, dtype="<f4").tobytes())
+    chunk.unlink()
+    chunk.symlink_to(outside / "victim")
+    with pytest.raises(StorageError, match="symbolic link"):
+        zarr3.open(LocalStore(tmp_path / "z"), "a")[...]

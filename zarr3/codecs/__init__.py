@@ -24,7 +24,7 @@ from zarr3.codecs.chain import CodecChain
 from zarr3.codecs.crc32c import Crc32cCodec
 from zarr3.codecs.gzip import GzipCodec
 from zarr3.codecs.lz4 import Lz4Codec
-from zarr3.codecs.sharding import ShardingCodec
+from zarr3.codecs.sharding import ShardingCodec, use_codec_parser
 from zarr3.codecs.transpose import TransposeCodec
 from zarr3.codecs.zlib import ZlibCodec
 from zarr3.codecs.zstd import ZstdCodec
@@ -132,3 +132,6 @@ def compressor_to_v2(codec: BytesBytesCodec | None) -> dict[str, Any] | None:
         raise MetadataError("compressor", codec.name, "has no zarr v2 form")
     result: dict[str, Any] = to_v2()
     return result
+
+
+use_codec_parser(parse_codecs)

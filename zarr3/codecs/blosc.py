@@ -30,6 +30,7 @@ def _blosc() -> Any:
     global _blosc_mod
     if _blosc_mod is None:
         try:
+            # optional codec: the [blosc] extra
             import blosc
         except ImportError as e:
             raise CodecUnavailableError("blosc", "blosc", extra="blosc") from e

@@ -18,6 +18,7 @@ __all__ = ["Lz4Codec"]
 
 def _lz4_block() -> Any:
     try:
+        # optional codec library
         import lz4.block
     except ImportError as e:
         raise CodecUnavailableError("lz4", "lz4") from e

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -42,10 +43,21 @@ def _shape(value: Any, field: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _codec_list(value: Any, field: str) -> list[Codec]:
-    from zarr3.codecs import parse_codecs
+#: Parses the nested codec lists of a shard: installed by the codec registry
+#: (:mod:`zarr3.codecs`), which imports this module, so this module never imports it back.
+_parse_codecs: Callable[[Any, str], list[Codec]] | None = None
 
-    return parse_codecs(value, field)
+
+def use_codec_parser(parse: Callable[[Any, str], list[Codec]]) -> None:
+    """Install the function that parses nested codec lists (called by the registry)."""
+    global _parse_codecs
+    _parse_codecs = parse
+
+
+def _codec_list(value: Any, field: str) -> list[Codec]:
+    if _parse_codecs is None:  # pragma: no cover - the registry installs it on import
+        raise RuntimeError("zarr3.codecs did not install its codec parser")
+    return _parse_codecs(value, field)
 
 
 class ShardingCodec(ArrayBytesCodec):

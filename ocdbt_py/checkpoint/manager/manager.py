@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,10 @@ from ocdbt_py.checkpoint.manager.steps import (
 )
 from ocdbt_py.checkpoint.manager.steps import cleanup as cleanup_root
 from ocdbt_py.checkpoint.manager.tier import Tier
+from ocdbt_py.checkpoint.meta import metadata
+from ocdbt_py.checkpoint.restore.api import restore
+from ocdbt_py.checkpoint.saving.api import JsonItem, save
+from ocdbt_py.checkpoint.saving.distributed import _jax_client
 from ocdbt_py.errors import NotFoundError, OcdbtError, ReadOnlyError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
@@ -52,7 +57,8 @@ _ids = itertools.count()
 _ids_lock = threading.Lock()
 #: Keyword arguments of :func:`ocdbt_py.checkpoint.save` a manager passes through.
 SAVE_OPTIONS = frozenset({
-    "use_zarr3", "use_compression", "chunk_byte_size", "ocdbt_target_data_file_size", "handler",
+    "use_zarr3", "use_compression", "chunk_byte_size", "leaf_chunk_byte_sizes", "ocdbt_target_data_file_size",
+    "handler", "pytree_custom_metadata",
     "keep_copy_buffer", "replica_parallel", "workers", "sync", "barrier_timeout",
 })
 
@@ -68,16 +74,15 @@ def default_save_policy() -> sp.AnyOf:
 
 def _process() -> tuple[int, int, Any]:
     """``(index, count, coordination client)`` of this process in a JAX job."""
-    import sys
 
     if "jax" not in sys.modules:
         return 0, 1, None
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
 
     count = int(jax.process_count())
     if count <= 1:
         return 0, 1, None
-    from ocdbt_py.checkpoint.saving.distributed import _jax_client
 
     return int(jax.process_index()), count, _jax_client()
 
@@ -257,9 +262,12 @@ class CheckpointManager(Lifecycle):
         metrics: Mapping[str, Any] | None = None,
         force: bool = False,
         custom_metadata: Mapping[str, Any] | None = None,
+        save_options: Mapping[str, Any] | None = None,
     ) -> bool:
         """Save ``items`` as ``step`` if the save policy says so (or ``force``); returns
         whether a save was started.
+
+        ``save_options`` override the manager's ``save_options`` for this save only.
 
         ``items`` maps item names to pytrees (NumPy or JAX) or
         :class:`~ocdbt_py.checkpoint.JsonItem`; ``{"default": tree}`` is Orbax's single-item
@@ -287,12 +295,17 @@ class CheckpointManager(Lifecycle):
                 self._preemption.reached(step)  # keep JAX's sync point in step with the others
         elif not self.should_save(step):
             return False
-        self._start_save(step, items, metrics, custom_metadata)
+        options = dict(self._save_options)
+        if save_options:
+            unknown = set(save_options) - SAVE_OPTIONS
+            if unknown:
+                raise TypeError(f"unknown save_options {sorted(unknown)} (known: {sorted(SAVE_OPTIONS)})")
+            options.update(save_options)
+        self._start_save(step, items, metrics, custom_metadata, options)
         return True
 
     def _start_save(self, step: int, items: Mapping[str, Any], metrics: Mapping[str, Any] | None,
-                    custom_metadata: Mapping[str, Any] | None) -> None:
-        from ocdbt_py.checkpoint.saving.api import JsonItem, save
+                    custom_metadata: Mapping[str, Any] | None, options: Mapping[str, Any]) -> None:
 
         tree: dict[str, Any] = dict(items)
         if metrics is not None:
@@ -305,7 +318,7 @@ class CheckpointManager(Lifecycle):
         # commit marker: they are no checkpoint, so the new save replaces them.
         replace = writes_in_place(self.kv) and not self.kv.exists(f"{name}/{COMMIT_MARKER}")
         handle = save(PrefixStore(self.kv, name), tree, composite=True, blocking=not self.async_save,
-                      force=replace, custom_metadata=custom_metadata, **self._save_options)
+                      force=replace, custom_metadata=custom_metadata, **options)
         self._steps.start(step, handle, started=started)
         if not self.async_save:
             self.wait_until_finished()
@@ -359,7 +372,6 @@ class CheckpointManager(Lifecycle):
         * ``target``: as :func:`ocdbt_py.checkpoint.restore` (for several items a dict keyed
           by item name) -- JAX targets give sharded ``jax.Array`` leaves.
         """
-        from ocdbt_py.checkpoint.restore.api import restore
 
         _, name = self._resolve_step(step)
         skv = PrefixStore(self.kv, name)
@@ -374,7 +386,6 @@ class CheckpointManager(Lifecycle):
 
     def item_metadata(self, step: int | None = None, item: str | None = None) -> Any:
         """Shapes and dtypes of a step's items without reading array data."""
-        from ocdbt_py.checkpoint.meta import metadata
 
         _, name = self._resolve_step(step)
         return metadata(PrefixStore(self.kv, name), item=item)

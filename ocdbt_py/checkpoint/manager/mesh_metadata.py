@@ -25,7 +25,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ocdbt_py.checkpoint.jsonio import read_json
+from ocdbt_py.checkpoint.saving.jax_arrays import sharding_json
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import KvStore
 
@@ -55,6 +58,7 @@ class Topology:
     @classmethod
     def current(cls, mesh: Any) -> Topology:
         """The running job's topology for ``mesh`` (a ``jax.sharding.Mesh``)."""
+        # optional: JAX is imported only for trees that hold JAX objects
         import jax
 
         per: dict[int, list[int]] = {}
@@ -125,7 +129,6 @@ class ReplicaLayout:
     @classmethod
     def of(cls, mesh: Any, axis_index: int) -> ReplicaLayout:
         """The replicas of ``mesh`` along its axis ``axis_index``."""
-        import numpy as np
 
         devices = np.asarray(mesh.devices)
         if not 0 <= axis_index < devices.ndim:
@@ -161,7 +164,6 @@ class ReplicaLayout:
 
 
 def _sharding_description(sharding: Any) -> Any:
-    from ocdbt_py.checkpoint.saving.jax_arrays import sharding_json
 
     described = sharding_json(sharding) if sharding is not None else None
     if described is not None:
@@ -172,6 +174,7 @@ def _sharding_description(sharding: Any) -> Any:
 def state_fingerprint(tree: Any) -> str:
     """A digest of the leaf paths, shapes, dtypes and shardings of a tree of ``jax.Array`` or
     ``jax.ShapeDtypeStruct`` leaves (equal for a state and its abstract state)."""
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
 
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)

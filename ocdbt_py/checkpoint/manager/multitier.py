@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from ocdbt_py.checkpoint.jsonio import read_json
 from ocdbt_py.checkpoint.manager import save_policy as sp
 from ocdbt_py.checkpoint.manager.exchange import CoordinationTimeoutError, Exchange
 from ocdbt_py.checkpoint.manager.lifecycle import Lifecycle
@@ -52,10 +53,22 @@ from ocdbt_py.checkpoint.manager.mesh_metadata import (
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.preemption import PreemptionWatcher
 from ocdbt_py.checkpoint.manager.preservation import LatestN, PreservationPolicy
-from ocdbt_py.checkpoint.manager.steps import METRICS_FILE, METRICS_ITEM, metrics_json
+from ocdbt_py.checkpoint.manager.steps import METRICS_FILE, METRICS_ITEM, committed, metrics_json
 from ocdbt_py.checkpoint.manager.steps import cleanup as cleanup_root
 from ocdbt_py.checkpoint.manager.tier import Tier
-from ocdbt_py.checkpoint.manager.tier_plan import LOCAL, PEER, PERSISTENT, RestorePlan, plan_restore
+from ocdbt_py.checkpoint.manager.tier_plan import (
+    LOCAL,
+    PEER,
+    PERSISTENT,
+    RestorePlan,
+    complete_per_replica,
+    plan_restore,
+)
+from ocdbt_py.checkpoint.restore.api import restore
+from ocdbt_py.checkpoint.saving.api import JsonItem, save
+from ocdbt_py.checkpoint.saving.atomic import _fsync_dir
+from ocdbt_py.checkpoint.saving.distributed import _jax_client, group_coordinator
+from ocdbt_py.checkpoint.saving.layout_writer import COMMIT_MARKER, commit_marker
 from ocdbt_py.errors import OcdbtError, StorageError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
@@ -163,6 +176,7 @@ class MultiTierCheckpointManager(Lifecycle):
         coordination_timeout_secs: float = 120.0,
         cleanup: bool = True,
     ):
+        # optional: JAX is imported only for trees that hold JAX objects
         import jax
 
         for what, policy in (("local_policy", local_policy), ("persistent_policy", persistent_policy)):
@@ -205,7 +219,6 @@ class MultiTierCheckpointManager(Lifecycle):
 
         with _ids_lock:
             self._id = next(_ids)
-        from ocdbt_py.checkpoint.saving.distributed import _jax_client
 
         client = _jax_client() if self.process_count > 1 else None
         self._exchange = Exchange(f"ocdbt_py_multitier/{self._id}", self.process_index, self.process_count,
@@ -267,7 +280,6 @@ class MultiTierCheckpointManager(Lifecycle):
 
     def _local_step_problem(self, step: int, fingerprint: str | None) -> str | None:
         name = self.step_name_format.name(step)
-        from ocdbt_py.checkpoint.jsonio import read_json
 
         try:
             recorded = Topology.read(PrefixStore(self.local_kv, f"{name}/{PROCESS_METADATA}"))
@@ -286,7 +298,6 @@ class MultiTierCheckpointManager(Lifecycle):
         return None
 
     def _persistent_listing(self) -> list[int]:
-        from ocdbt_py.checkpoint.manager.steps import committed
 
         return sorted(committed(self.persistent_kv, self.step_name_format))
 
@@ -312,7 +323,6 @@ class MultiTierCheckpointManager(Lifecycle):
         self._persistent.scan()
         if not self.in_persistent_group:
             self._persistent.set_known(set(persistent))
-        from ocdbt_py.checkpoint.manager.tier_plan import complete_per_replica
 
         complete = complete_per_replica(local, self.layout.replicas)
         self._remote_local = set().union(*complete) if complete else set()
@@ -391,8 +401,6 @@ class MultiTierCheckpointManager(Lifecycle):
             return False
         items: dict[str, Any] = {}
         if metrics is not None:
-            from ocdbt_py.checkpoint.saving.api import JsonItem
-
             items[METRICS_ITEM] = JsonItem(metrics_json(metrics), filename=METRICS_FILE)
         fingerprint = state_fingerprint(state)
         if local:
@@ -411,8 +419,6 @@ class MultiTierCheckpointManager(Lifecycle):
                             "state_fingerprint": fingerprint}}
 
     def _save_local(self, step: int, state: Any, extra: dict[str, Any], fingerprint: str) -> None:
-        from ocdbt_py.checkpoint.saving.api import save
-        from ocdbt_py.checkpoint.saving.distributed import group_coordinator
 
         self._local_saves += 1
         name = self.step_name_format.name(step)
@@ -430,9 +436,6 @@ class MultiTierCheckpointManager(Lifecycle):
     def _publish_local(self, staging: str, name: str, sync: bool) -> None:
         """After the local save committed into its staging directory: add the topology files,
         then rename the step into place (the moment it becomes visible)."""
-        from ocdbt_py.checkpoint.jsonio import read_json
-        from ocdbt_py.checkpoint.saving.atomic import _fsync_dir
-        from ocdbt_py.checkpoint.saving.layout_writer import COMMIT_MARKER, commit_marker
 
         src = os.path.join(self.local_directory, staging)
         dst = os.path.join(self.local_directory, name)
@@ -463,8 +466,6 @@ class MultiTierCheckpointManager(Lifecycle):
             _fsync_dir(self.local_directory)
 
     def _save_persistent(self, step: int, state: Any, extra: dict[str, Any], fingerprint: str) -> None:
-        from ocdbt_py.checkpoint.saving.api import save
-        from ocdbt_py.checkpoint.saving.distributed import group_coordinator
 
         self._persistent_saves += 1
         coord = group_coordinator(self._persistent_group, writer_devices=self.layout.replica_devices[0],
@@ -488,6 +489,7 @@ class MultiTierCheckpointManager(Lifecycle):
         that fails somewhere makes every process re-plan without that local step.
         :attr:`last_restore` records the choice.
         """
+        # optional: JAX is imported only for trees that hold JAX objects
         import jax
 
         self._check_open()
@@ -500,12 +502,14 @@ class MultiTierCheckpointManager(Lifecycle):
                 raise TypeError(f"every target leaf must be a jax.ShapeDtypeStruct with a sharding or a jax.Array, "
                                 f"not {type(leaf).__name__}")
         self.wait_until_finished()
-        from ocdbt_py.checkpoint.manager.replica_broadcast import can_broadcast
 
         peer_why = None
         if self.layout.count < 2:
             peer_why = "the mesh has a single replica"
         else:
+            # replica_broadcast imports JAX at its top: importing the manager package must not
+            from ocdbt_py.checkpoint.manager.replica_broadcast import can_broadcast
+
             for leaf in leaves:
                 peer_why = can_broadcast(leaf, self.global_mesh, self.layout)
                 if peer_why is not None:
@@ -533,6 +537,7 @@ class MultiTierCheckpointManager(Lifecycle):
         else:
             raise OcdbtError(f"restore failed {_RESTORE_ATTEMPTS} times: {'; '.join(notes)}")
         if plan.source == PEER:
+            # optional: that module imports JAX
             from ocdbt_py.checkpoint.manager.replica_broadcast import broadcast_from_replica
 
             source_values = jax.tree_util.tree_leaves(result) if result is not None else None
@@ -551,7 +556,6 @@ class MultiTierCheckpointManager(Lifecycle):
     def _read(self, plan: RestorePlan, target: Any) -> tuple[Any, str | None]:
         """This process's part of ``plan``: the restored tree (``None`` when it only receives)
         and an error message (``None`` on success)."""
-        from ocdbt_py.checkpoint.restore.api import restore
 
         name = self.step_name_format.name(plan.step)
         try:

@@ -60,6 +60,7 @@ def _jax_sync_manager() -> Any:
     if "jax" not in sys.modules:
         return None
     try:
+        # optional: JAX is imported only for trees that hold JAX objects
         import jax
         from jax._src import distributed
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import shutil
 import uuid
@@ -14,9 +13,9 @@ from ocdbt_py.checkpoint.layout import COMMIT_MARKER, TMP_SUFFIX
 from ocdbt_py.checkpoint.layout import list_steps as _list_steps
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.preservation import StepInfo
-from ocdbt_py.checkpoint.saving.sinks import local_path
 from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.pools import map_concurrently
 
 __all__ = ["METRICS_ITEM", "METRICS_FILE", "scan", "read_step_info", "cleanup", "delete_step", "writes_in_place",
            "metrics_json"]
@@ -72,15 +71,14 @@ def scan(kv: KvStore, fmt: StepNameFormat, *, workers: int = 16) -> tuple[dict[i
     names = committed(kv, fmt)
     if not names:
         return names, {}
-    with concurrent.futures.ThreadPoolExecutor(min(workers, len(names))) as pool:
-        infos = list(pool.map(lambda sn: read_step_info(kv, sn[0], sn[1]), names.items()))
+    infos = map_concurrently(lambda sn: read_step_info(kv, sn[0], sn[1]), names.items(), limit=workers)
     return names, {i.step: i for i in infos}
 
 
 def writes_in_place(kv: KvStore) -> bool:
     """Whether saves under ``kv`` write step directories in place (committed by their marker)
     rather than into a temporary directory renamed into place (local disks)."""
-    return local_path(kv) is None
+    return kv.local_path() is None
 
 
 def cleanup(kv: KvStore, fmt: StepNameFormat, keep: Sequence[str] = ()) -> list[str]:
@@ -119,7 +117,7 @@ def delete_step(kv: KvStore, name: str) -> None:
     Locally it is renamed to a temporary name first (atomic), then removed; elsewhere its
     commit markers go first (outermost first), then everything else.
     """
-    path = local_path(kv, name)
+    path = kv.local_path(name)
     if path is not None:
         trash = f"{path}{_DELETING}{uuid.uuid4().hex[:8]}"
         try:
@@ -134,7 +132,7 @@ def delete_step(kv: KvStore, name: str) -> None:
 
 
 def _remove_dir(kv: KvStore, name: str) -> None:
-    path = local_path(kv, name)
+    path = kv.local_path(name)
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
         return
@@ -145,12 +143,7 @@ def _remove_dir(kv: KvStore, name: str) -> None:
         kv.delete(k)
     marked = set(markers)
     rest = [k for k in keys if k not in marked]
-    if len(rest) > 8:
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            list(pool.map(kv.delete, rest))
-    else:
-        for k in rest:
-            kv.delete(k)
+    map_concurrently(kv.delete, rest, limit=8)
 
 
 def metrics_json(metrics: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from ocdbt_py.checkpoint.layout import (
 )
 from ocdbt_py.checkpoint.restore.gcpause import paused_gc
 from ocdbt_py.checkpoint.restore.item import ARRAY, SCALAR, PyTreeItem
+from ocdbt_py.checkpoint.restore.targets import restore_with_target
 from ocdbt_py.errors import CorruptionError, NotFoundError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
@@ -137,8 +138,6 @@ def _restore_item(kv: KvStore, kind: Kind, target: Any, lazy: bool, handler: str
         if target is None:
             tree = item.restore(lazy=lazy)
         else:
-            from ocdbt_py.checkpoint.restore.targets import restore_with_target
-
             tree = restore_with_target(item, target, lazy=lazy)
         if bare is not None and isinstance(tree, dict):
             return tree["checkpoint"]

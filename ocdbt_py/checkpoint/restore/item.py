@@ -7,6 +7,7 @@ oldest checkpoints, from the array names alone.  See ``spec/orbax.md`` section 3
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,7 +37,6 @@ from ocdbt_py.checkpoint.treemeta import (
 )
 from ocdbt_py.errors import CorruptionError, NotFoundError, OcdbtError, UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
-from ocdbt_py.kvstore.object_store import is_object_store
 
 __all__ = ["Leaf", "PyTreeItem", "ARRAY", "SCALAR", "STRING", "EMPTY", "INLINE"]
 
@@ -58,7 +58,7 @@ class PyTreeItem:
         self.tree_metadata: TreeMetadata | None = None
         self._store: ArrayStore | None = None
         self._prefetch: Prefetch | None = None
-        if is_object_store(kv) and ("manifest.ocdbt" in self.listing.files
+        if kv.supports_read_ahead and ("manifest.ocdbt" in self.listing.files
                                     or any(d.startswith("ocdbt.process_") for d in self.listing.dirs)):
             # open the database first: its B+tree root is then fetched while _METADATA is parsed;
             # and for a restore of everything (``prefetch``), the data files start arriving too
@@ -235,7 +235,6 @@ class PyTreeItem:
 
     def shardings(self) -> dict[str, Any]:
         """``{param: sharding description}`` from ``_sharding`` (empty if absent)."""
-        import base64
 
         if "_sharding" not in self.listing.files:
             return {}

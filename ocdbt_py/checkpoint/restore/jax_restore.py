@@ -5,18 +5,18 @@ Imported only when a restore target contains JAX objects; importing it imports J
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
+from ocdbt_py.checkpoint.restore import reader as reader_mod
 from ocdbt_py.checkpoint.restore.item import ARRAY, EMPTY, INLINE, SCALAR, STRING, Leaf, PyTreeItem
+from ocdbt_py.pools import map_concurrently
 
 __all__ = ["restore_jax_leaves"]
 
-_READ_WORKERS = 4
 
 
 def _index_key(index: tuple[slice, ...], shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
@@ -48,7 +48,6 @@ def restore_jax_leaves(item: PyTreeItem, leaves: Sequence[tuple[Leaf, Any]]) -> 
     sliced per device in memory; larger ones are read region by region, each device's index
     domain straight from storage.
     """
-    from ocdbt_py.checkpoint.restore import reader as reader_mod
 
     small: list[str] = []
     for leaf, t in leaves:
@@ -104,11 +103,7 @@ def _restore_one(item: PyTreeItem, leaf: Leaf, t: Any, hosts: dict[str, np.ndarr
         return _cast(item.reader.read(param, index_of[k]), dtype)
 
     keys = list(groups)
-    if len(keys) > 1:
-        with concurrent.futures.ThreadPoolExecutor(min(_READ_WORKERS, len(keys))) as pool:
-            regions = list(pool.map(read, keys))
-    else:
-        regions = [read(k) for k in keys]
+    regions = map_concurrently(read, keys, purpose="read")
     shards = []
     for k, region in zip(keys, regions):
         for device in groups[k]:

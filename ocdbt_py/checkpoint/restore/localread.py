@@ -11,13 +11,14 @@ its chunks are decoded.  Remote stores keep using :meth:`KvStore.get_many`.
 Locations come only from validated keys (the OCDBT data-file paths are checked like every
 key), every read must return exactly the bytes requested, and a short read is corruption.
 Files are opened, and per-chunk files found, with no symbolic link followed below the store's
-root (see :func:`ocdbt_py.kvstore.local.open_beneath`).
+:meth:`~ocdbt_py.kvstore.KvStore.no_follow_root` (see :func:`ocdbt_py.kvstore.local.open_beneath`).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import stat
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,13 +26,14 @@ from typing import Any
 import numpy as np
 
 from ocdbt_py.checkpoint.restore.bufpool import SlabPool
-from ocdbt_py.checkpoint.restore.locations import scan_locations
+from ocdbt_py.checkpoint.restore.locations import Location, scan_locations
 from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.coalesce import merge_ranges
 from ocdbt_py.kvstore.keys import validate_key
 from ocdbt_py.kvstore.local import open_beneath, open_dir_beneath, symlink_error
 
-__all__ = ["Located", "LocalSource", "local_root", "local_anchor"]
+__all__ = ["LocalSource", "local_root"]
 
 #: Neighbouring chunks of one file at most this far apart are read with one request...
 COALESCE_GAP = 64 << 10
@@ -45,41 +47,9 @@ POOL_BYTES = 256 << 20
 MMAP_MIN = 1 << 20
 
 
-class Located:
-    """Where a chunk's bytes are: ``inline`` bytes, or ``length`` bytes at ``offset`` of ``path``."""
-
-    __slots__ = ("path", "offset", "length", "inline")
-
-    def __init__(self, path: str | None, offset: int, length: int, inline: bytes | None = None):
-        self.path = path
-        self.offset = offset
-        self.length = length
-        self.inline = inline
-
-
 def local_root(kv: KvStore) -> str | None:
     """The local directory a store reads from (through prefix views), or ``None``."""
-    from ocdbt_py.kvstore.local import LocalStore
-    from ocdbt_py.kvstore.prefixed import PrefixStore
-
-    parts: list[str] = []
-    while isinstance(kv, PrefixStore):
-        if kv.prefix:
-            parts.append(kv.prefix.strip("/"))
-        kv = kv.base
-    if not isinstance(kv, LocalStore):
-        return None
-    return os.path.join(kv.root, *[seg for p in reversed(parts) for seg in p.split("/")])
-
-
-def local_anchor(kv: KvStore) -> str | None:
-    """The root of the local store below ``kv``'s prefix views: no link below it is followed."""
-    from ocdbt_py.kvstore.local import LocalStore
-    from ocdbt_py.kvstore.prefixed import PrefixStore
-
-    while isinstance(kv, PrefixStore):
-        kv = kv.base
-    return kv.root if isinstance(kv, LocalStore) else None
+    return kv.local_path()
 
 
 def _relkey(anchor: str, path: str) -> str:
@@ -92,15 +62,15 @@ def _relkey(anchor: str, path: str) -> str:
 class LocalSource:
     """Locates and reads chunk keys of one item stored on the local filesystem.
 
-    ``locate`` maps a store key (``<param>/<chunk key>``) to a :class:`Located` or ``None``
+    ``locate`` maps a store key (``<param>/<chunk key>``) to a :class:`Location` or ``None``
     (absent).  Built with :meth:`for_ocdbt` (from the B+tree entries: inline values and data
     file references) or :meth:`for_dirs` (one file per chunk).
     """
 
-    def __init__(self, locate: Callable[[Sequence[str]], list[Located | None]],
-                 table: dict[str, Located] | None = None, anchor: str | None = None):
+    def __init__(self, locate: Callable[[Sequence[str]], list[Location | None]],
+                 table: dict[str, Location] | None = None, anchor: str | None = None):
         self.locate = locate
-        #: the store root: files below it are opened with no link followed
+        #: the store's no-follow root: files below it are opened with no link followed
         self.anchor = anchor
         #: for OCDBT items: every key's location (inline values included), from one B+tree scan
         self.table = table
@@ -112,19 +82,19 @@ class LocalSource:
     @classmethod
     def for_ocdbt(cls, databases: Sequence[tuple[str, Any]], anchor: str | None = None) -> LocalSource:
         """``databases``: ``(local root directory, OcdbtStore)`` pairs, searched in order."""
-        table: dict[str, Located] = {}
+        table: dict[str, Location] = {}
         for root, db in databases:
             paths: dict[str, str] = {}
             for k, fkey, offset, length, inline in scan_locations(db, root):
                 if k in table:
                     continue
                 if fkey is None:
-                    table[k] = Located(None, 0, length, inline)
+                    table[k] = Location(0, None, 0, length, inline)
                     continue
                 path = paths.get(fkey)
                 if path is None:
                     path = paths[fkey] = os.path.join(root, *fkey.split("/"))
-                table[k] = Located(path, offset, length)
+                table[k] = Location(0, path, offset, length)
         return cls(lambda keys: [table.get(k) for k in keys], table, anchor)
 
     @classmethod
@@ -132,13 +102,13 @@ class LocalSource:
         """Per-parameter directories below ``root``: each chunk key is a file."""
         base = anchor if anchor is not None else root
 
-        def locate(keys: Sequence[str]) -> list[Located | None]:
-            out: list[Located | None] = []
+        def locate(keys: Sequence[str]) -> list[Location | None]:
+            out: list[Location | None] = []
             for k in keys:
                 validate_key(k)
                 path = os.path.join(root, *k.split("/"))
                 st = _lstat_beneath(base, path)
-                out.append(Located(path, 0, st.st_size) if st is not None and not _isdir(st) else None)
+                out.append(Location(0, path, 0, st.st_size) if st is not None and not _isdir(st) else None)
             return out
 
         return cls(locate, anchor=anchor)
@@ -205,30 +175,19 @@ class LocalSource:
         for i, loc in enumerate(locs):
             if loc is None:
                 continue
-            if loc.path is None:
+            if loc.file is None:
                 out[i] = loc.inline
             elif loc.length == 0:
                 out[i] = b""
             else:
-                by_file.setdefault(loc.path, []).append(i)
+                by_file.setdefault(loc.file, []).append(i)
         buffers: list[np.ndarray] = []
         pending: list[int] = []
         maps: dict[int, tuple[mmap.mmap, memoryview, memoryview]] = {}
         for path, idxs in by_file.items():
-            idxs.sort(key=lambda j: locs[j].offset)  # type: ignore[union-attr]
-            groups: list[list[int]] = []
-            lo = hi = 0
-            for j in idxs:
-                loc = locs[j]
-                assert loc is not None
-                a, b = loc.offset, loc.offset + loc.length
-                if groups and a <= hi + COALESCE_GAP and max(hi, b) - lo <= COALESCE_MAX:
-                    groups[-1].append(j)
-                    hi = max(hi, b)
-                else:
-                    groups.append([j])
-                    lo, hi = a, b
-            for g in groups:
+            spans = sorted((loc.offset, loc.offset + loc.length, j) for j in idxs
+                           if (loc := locs[j]) is not None)
+            for _, _, g in merge_ranges(spans, gap=COALESCE_GAP, max_span=COALESCE_MAX):
                 first = locs[g[0]]
                 assert first is not None
                 if len(g) == 1 and first.length >= MMAP_MIN:
@@ -289,8 +248,6 @@ class LocalSource:
 def _lstat_beneath(base: str, path: str) -> os.stat_result | None:
     """``lstat`` of ``path`` below ``base`` with no directory link followed (``None``: absent);
     a link raises :class:`StorageError`."""
-    import stat
-
     parts = _relkey(base, path).split("/")
     try:
         dfd = open_dir_beneath(base, parts[:-1])
@@ -314,6 +271,5 @@ def _lstat_beneath(base: str, path: str) -> os.stat_result | None:
 
 
 def _isdir(st: os.stat_result) -> bool:
-    import stat
 
     return stat.S_ISDIR(st.st_mode)

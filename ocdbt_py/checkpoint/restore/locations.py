@@ -8,7 +8,22 @@ from typing import Any
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.keys import validate_key
 
-__all__ = ["scan_locations"]
+__all__ = ["Location", "scan_locations"]
+
+
+class Location:
+    """Where one value is: ``inline`` bytes (``file`` is ``None``), or ``length`` bytes at
+    ``offset`` of ``file`` (a data file key of store number ``store`` for remote reads, or a
+    local path for local reads)."""
+
+    __slots__ = ("store", "file", "offset", "length", "inline")
+
+    def __init__(self, store: int, file: str | None, offset: int, length: int, inline: bytes | None = None):
+        self.store = store
+        self.file = file
+        self.offset = offset
+        self.length = length
+        self.inline = inline
 
 
 def scan_locations(db: Any, where: str) -> Iterator[tuple[str, str | None, int, int, bytes | None]]:

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ocdbt_py.checkpoint.dtypes import dtype_from_name
 from ocdbt_py.errors import CorruptionError, UnsupportedError
 
 __all__ = ["unpack", "Placeholder", "PLACEHOLDER_PREFIXES", "MAX_DEPTH", "ExtValue"]
@@ -67,7 +68,6 @@ def _dtype(name: Any) -> np.dtype:
             raise CorruptionError(f"msgpack array has a non-ASCII dtype name {name!r}") from e
     if not isinstance(name, str):
         raise CorruptionError(f"msgpack array dtype name is {type(name).__name__}, not a string")
-    from ocdbt_py.checkpoint.dtypes import dtype_from_name
 
     try:
         dt = dtype_from_name(name)

@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 __all__ = ["small_pages"]
 
 _lock = threading.Lock()
@@ -29,7 +31,6 @@ _saved: bool | None = None
 
 
 def _switch() -> Callable[[bool], bool] | None:
-    import numpy as np
 
     for mod in ("_core", "core"):
         ma: Any = getattr(getattr(np, mod, None), "multiarray", None)

@@ -34,14 +34,20 @@ from typing import Any
 import numpy as np
 
 from ocdbt_py.checkpoint.restore.gcpause import paused_gc
-from ocdbt_py.checkpoint.restore.localread import LocalSource, local_anchor, local_root
+from ocdbt_py.checkpoint.restore.localread import LocalSource, local_root
 from ocdbt_py.checkpoint.restore.pages import small_pages
 from ocdbt_py.checkpoint.restore.remoteread import Prefetch, RemoteSource
 from ocdbt_py.checkpoint.restore.storage import ArrayStore
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request, slice_range
 from ocdbt_py.kvstore.prefixed import PrefixStore
+from ocdbt_py.pools import dedicated
 from zarr3._alloc import empty
+from zarr3._executor import num_threads, run_jobs, run_pipeline
+from zarr3.array import Array
+from zarr3.errors import ChunkNotFoundError, MetadataError
+from zarr3.metadata_v2 import parse_zarray
+from zarr3.metadata_v3 import ArrayMetadataV3, parse_zarr_json
 
 __all__ = ["ArrayReader", "LazyArray", "OverlayStore"]
 
@@ -116,8 +122,6 @@ def parse_zarr_metadata(name: str, raw: bytes) -> Any:
     hit = _PARSED.get(key)
     if hit is not None:
         return hit
-    from zarr3.metadata_v2 import parse_zarray
-    from zarr3.metadata_v3 import parse_zarr_json
 
     meta = parse_zarr_json(raw) if name == "zarr.json" else parse_zarray(raw)
     if len(_PARSED) >= _PARSED_MAX:
@@ -144,12 +148,10 @@ def start_prefetch(store: ArrayStore, sizes: dict[str, int]) -> Prefetch | None:
     """A :class:`Prefetch` of the data files of ``store``'s OCDBT databases (named, with their
     sizes, by the item directory's listing), or ``None`` where it does not apply: not an
     object store, no databases, no sizes, or ``OCDBT_PY_PREFETCH=0``."""
-    from ocdbt_py.kvstore.object_store import is_object_store
-
     if os.environ.get("OCDBT_PY_PREFETCH", "1") in ("0", "false", "no"):
         return None
     item_kv = store.item_kv
-    if not sizes or not store.databases or item_kv is None or not is_object_store(item_kv):
+    if not sizes or not store.databases or item_kv is None or not item_kv.supports_read_ahead:
         return None
     files: list[tuple[int, str, int]] = []
     claimed: set[str] = set()
@@ -216,7 +218,7 @@ class ArrayReader:
             src: LocalSource | None = None
             root = local_root(self.store.item_kv) if self.store.item_kv is not None else None
             if root is not None:
-                anchor = local_anchor(self.store.item_kv)  # type: ignore[arg-type]
+                anchor = self.store.item_kv.no_follow_root()  # type: ignore[union-attr]
                 if self.store.databases:
                     src = LocalSource.for_ocdbt([(os.path.join(root, *p.split("/")) if p else root, db)
                                                  for p, db in zip(self.store.db_prefixes, self.store.databases)],
@@ -228,8 +230,6 @@ class ArrayReader:
 
     # -- metadata ------------------------------------------------------------------------------
     def _parse(self, param: str, name: str, raw: bytes) -> Any:
-        from zarr3.errors import MetadataError
-        from zarr3.metadata_v3 import ArrayMetadataV3
 
         try:
             meta = parse_zarr_metadata(name, raw)
@@ -278,7 +278,6 @@ class ArrayReader:
     # -- arrays --------------------------------------------------------------------------------
     def array(self, param: str, kv: KvStore | None = None) -> Any:
         """The :class:`zarr3.Array` of ``param``."""
-        from zarr3.array import Array
 
         meta = self.metadata(param)
         return Array(PrefixStore(kv or self.kv, param), meta, mode="r", fill_missing=self.fill_missing)
@@ -288,7 +287,6 @@ class ArrayReader:
         return self._wrap(param, lambda: self.array(param).read(selection, out=out))
 
     def _wrap(self, param: str, fn: Any) -> Any:
-        from zarr3.errors import ChunkNotFoundError
 
         try:
             return fn()
@@ -319,8 +317,7 @@ class ArrayReader:
             for kind, payload in plan:
                 yield from self._run_step(kind, payload, None)
             return
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ocdbt-prefetch") as io:
-
+        with dedicated("io", 1, name="prefetch") as io:
             def start(i: int) -> concurrent.futures.Future[Fetched] | None:
                 kind, payload = plan[i]
                 if kind == "big":
@@ -462,7 +459,6 @@ class ArrayReader:
 
     def _read_rows(self, requests: Sequence[tuple[str, int | None, int | None]]
                    ) -> list[tuple[tuple[str, int | None, int | None], np.ndarray]]:
-        from zarr3._executor import num_threads, run_pipeline
 
         results: list[tuple[tuple[str, int | None, int | None], np.ndarray]] = []
         units: list[tuple[str, str, Any, np.ndarray, tuple[slice, ...], tuple[slice, ...] | None]] = []
@@ -588,7 +584,6 @@ def _run_jobs(jobs: list[Callable[[], None]]) -> None:
     if len(jobs) == 1:
         jobs[0]()
         return
-    from zarr3._executor import run_jobs
 
     run_jobs(jobs)
 

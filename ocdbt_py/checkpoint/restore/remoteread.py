@@ -39,13 +39,15 @@ from typing import Any
 import numpy as np
 
 from ocdbt_py.checkpoint.restore.bufpool import SlabPool
-from ocdbt_py.checkpoint.restore.locations import scan_locations
+from ocdbt_py.checkpoint.restore.locations import Location, scan_locations
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.coalesce import merge_ranges
 from ocdbt_py.kvstore.futures import all_done
-from ocdbt_py.kvstore.prefixed import PrefixStore
+from ocdbt_py.pools import shared
+from zarr3._executor import get_pool, num_threads
 
-__all__ = ["RemoteLoc", "RemoteSource", "Prefetch", "IN_FLIGHT_BYTES", "MAX_SPAN", "GAP", "fetch_budget"]
+__all__ = ["RemoteSource", "Prefetch", "IN_FLIGHT_BYTES", "MAX_SPAN", "GAP", "fetch_budget"]
 
 #: Fetched bytes (compressed, not yet decoded) held at a time; ``OCDBT_PY_FETCH_BYTES``
 #: overrides it.  This, not the CPU count, sets how many requests are in flight.
@@ -83,11 +85,7 @@ def io_pool() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _io() -> concurrent.futures.ThreadPoolExecutor:
-    global _io_pool
-    with _io_lock:
-        if _io_pool is None:
-            _io_pool = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="ocdbt-fetch")
-        return _io_pool
+    return shared("io")
 
 
 def fetch_budget(total: int = 0) -> int:
@@ -109,29 +107,6 @@ class _Pool(SlabPool):
 
     def __init__(self, limit: int):
         super().__init__(limit, MAX_SPAN)
-
-
-class RemoteLoc:
-    """Where a value is: ``inline`` bytes, or ``length`` bytes at ``offset`` of data file
-    ``key`` of store number ``store``."""
-
-    __slots__ = ("store", "key", "offset", "length", "inline")
-
-    def __init__(self, store: int, key: str | None, offset: int, length: int, inline: bytes | None = None):
-        self.store = store
-        self.key = key
-        self.offset = offset
-        self.length = length
-        self.inline = inline
-
-
-def _unwrap(kv: KvStore) -> tuple[KvStore, str]:
-    """The innermost store below prefix views, and the key prefix those views add."""
-    prefix = ""
-    while type(kv) is PrefixStore:
-        prefix = kv.prefix + prefix
-        kv = kv.base
-    return kv, prefix
 
 
 def _claim(vals: list[tuple[int, int, int]], jobs: list[_Job]) -> list[tuple[int, int, int]]:
@@ -166,15 +141,13 @@ class _Job:
         self.keys = keys
 
 
-def _start_span(job: _Job, stores: Sequence[KvStore], direct: Sequence[tuple[KvStore, str]],
-                _pool: _Pool) -> concurrent.futures.Future[Any]:
+def _start_span(job: _Job, stores: Sequence[KvStore], _pool: _Pool) -> concurrent.futures.Future[Any]:
     """Start the one ranged read of ``job``: into a pooled buffer where the store can."""
     si, fk, lo, hi, _ = job.spans[0]
-    base, prefix = direct[si]
-    read_into = getattr(base, "read_into", None)
-    if read_into is not None:
+    store = stores[si]
+    if store.supports_read_into:
         job.buf = _pool.take(hi - lo)
-        return read_into([(prefix + fk, lo, job.buf.data[: hi - lo])])[0]  # type: ignore[no-any-return]
+        return store.read_into([(fk, lo, job.buf.data[: hi - lo])])[0]
     return _io().submit(stores[si].get_many, [(fk, (lo, hi))])
 
 
@@ -194,7 +167,6 @@ class Prefetch:
         self.pool = _Pool(self.budget)
         self.jobs: list[tuple[_Job, concurrent.futures.Future[Any]]] = []
         self.used = False
-        direct = [_unwrap(s) for s in stores]
         held = 0
         for si, fk, size in sorted(files, key=lambda f: (-f[2], f[0], f[1])):
             if size < PREFETCH_MIN_FILE:
@@ -204,7 +176,7 @@ class Prefetch:
                 # full-size requests: they arrive while the B+tree is still being read
                 hi = min(size, lo + MAX_SPAN, lo + self.budget - held)
                 job = _Job(hi - lo, [(si, fk, lo, hi, [])])
-                self.jobs.append((job, _start_span(job, stores, direct, self.pool)))
+                self.jobs.append((job, _start_span(job, stores, self.pool)))
                 held += hi - lo
                 lo = hi
 
@@ -232,23 +204,22 @@ class RemoteSource:
     item's array store, used for keys when ``table`` is ``None`` (no locations known).
     """
 
-    def __init__(self, kv: KvStore, stores: Sequence[KvStore] = (), table: dict[str, RemoteLoc] | None = None):
+    def __init__(self, kv: KvStore, stores: Sequence[KvStore] = (), table: dict[str, Location] | None = None):
         self.kv = kv
         self.stores = list(stores)
         #: for OCDBT items: every key's location (inline values included), from one B+tree scan
         self.table = table
-        self._direct = [_unwrap(s) for s in self.stores]
 
     @classmethod
     def for_ocdbt(cls, kv: KvStore, databases: Sequence[Any]) -> RemoteSource:
         """Scan the B+tree of each database (searched in order, first hit wins)."""
-        table: dict[str, RemoteLoc] = {}
+        table: dict[str, Location] = {}
         stores: list[KvStore] = []
         for si, db in enumerate(databases):
             stores.append(db.kvstore)
             for k, fkey, offset, length, inline in scan_locations(db, db.kvstore.url):
                 if k not in table:
-                    table[k] = RemoteLoc(si, fkey, offset, length, inline)
+                    table[k] = Location(si, fkey, offset, length, inline)
         return cls(kv, stores, table)
 
     # -- planning ----------------------------------------------------------------------------
@@ -276,30 +247,23 @@ class RemoteSource:
             loc = self.table.get(k)
             if loc is None:
                 ready.append((i, None))
-            elif loc.key is None:
+            elif loc.file is None:
                 ready.append((i, loc.inline))
             elif loc.length == 0:
                 ready.append((i, b""))
             else:
-                by_file.setdefault((loc.store, loc.key), []).append((i, loc.offset, loc.length))
+                by_file.setdefault((loc.store, loc.file), []).append((i, loc.offset, loc.length))
         pre = prefetched.spans() if prefetched is not None else {}
         for (si, fk), vals in by_file.items():
             vals.sort(key=lambda v: v[1])
             if pre.get((si, fk)):
                 vals = _claim(vals, pre[(si, fk)])
-            cur: list[tuple[int, int, int]] = []
-            lo = hi = 0
-            for v in vals:
-                a, b = v[1], v[1] + v[2]
-                span = MAX_SPAN if len(jobs) >= 8 else min(MAX_SPAN, FIRST_SPAN << len(jobs))
-                if cur and a <= hi + GAP and max(hi, b) - lo <= span:
-                    cur.append(v)
-                    hi = max(hi, b)
-                    continue
-                if cur:
-                    jobs.append(_Job(hi - lo, [(si, fk, lo, hi, cur)]))
-                cur, lo, hi = [v], a, b
-            if cur:
+            # the first requests are small, so decoding starts early; later ones up to MAX_SPAN
+            def span() -> int:
+                return MAX_SPAN if len(jobs) >= 8 else min(MAX_SPAN, FIRST_SPAN << len(jobs))
+
+            for lo, hi, cur in merge_ranges(((v[1], v[1] + v[2], v) for v in vals), gap=GAP, max_span=span):
+                assert hi is not None
                 jobs.append(_Job(hi - lo, [(si, fk, lo, hi, cur)]))
         return jobs, ready
 
@@ -308,7 +272,7 @@ class RemoteSource:
         if job.keys is not None:
             kv = self.kv
             return _io().submit(kv.get_many, [k for _, k in job.keys])
-        return _start_span(job, self.stores, self._direct, pool)
+        return _start_span(job, self.stores, pool)
 
     def _answers(self, job: _Job, result: Any) -> list[tuple[int, Any]]:
         if job.keys is not None:
@@ -337,7 +301,6 @@ class RemoteSource:
         when the key is absent).  Returns when every value was consumed; re-raises the first
         error after every request started has finished.  ``prefetched`` (used once) supplies
         ranges already requested."""
-        from zarr3._executor import get_pool, num_threads
 
         if prefetched is not None and (prefetched.used or self.table is None):
             prefetched = None

@@ -19,6 +19,7 @@ from typing import Any
 from ocdbt_py.errors import CorruptionError, NotFoundError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request
 from ocdbt_py.kvstore.prefixed import PrefixStore
+from ocdbt_py.store import OcdbtStore
 
 __all__ = ["ArrayStore", "UnionStore", "open_array_store"]
 
@@ -111,7 +112,6 @@ class ArrayStore:
 
 
 def _ocdbt(kv: KvStore) -> Any:
-    from ocdbt_py.store import OcdbtStore
 
     db = OcdbtStore(kv)
     db.read_ahead_root()  # on object stores: the root node is on its way while the caller goes on

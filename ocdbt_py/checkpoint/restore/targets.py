@@ -25,6 +25,7 @@ __all__ = ["restore_with_target"]
 def _is_jax_leaf(x: Any) -> bool:
     if "jax" not in sys.modules:
         return False
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
 
     return isinstance(x, (jax.ShapeDtypeStruct, jax.Array))
@@ -77,6 +78,7 @@ def restore_with_target(item: PyTreeItem, target: Any, *, lazy: bool = False) ->
         for (i, leaf, t), v in zip(plain, got):
             values[i] = _convert_plain(leaf, v, t)
     if jax_leaves:
+        # optional: that module imports JAX
         from ocdbt_py.checkpoint.restore.jax_restore import restore_jax_leaves
 
         got = restore_jax_leaves(item, [(leaf, t) for _, leaf, t in jax_leaves])

@@ -11,14 +11,16 @@ v3 inside, ``_METADATA`` and friends) to any fsspec filesystem; see ``spec/orbax
 Modules: :mod:`.params` (tree walk, names, collisions), :mod:`.chunking` (chunk shapes,
 replica-parallel axis), :mod:`.arrays` (Zarr metadata and chunk encoding),
 :mod:`.jax_arrays` (shards and shardings), :mod:`.host_copy` (copies for async saves),
-:mod:`.sinks` (streaming writes, deferred syncs), :mod:`.ocdbt_build` (one-pass OCDBT
-databases), :mod:`.process_writer` (a process's database), :mod:`.merge` (the merged root),
+the databases themselves are built in one pass by :mod:`ocdbt_py.write.bulk` (streaming
+into data files through :mod:`ocdbt_py.kvstore.sinks`), :mod:`.process_writer` (a process's
+database), :mod:`.merge` (the merged root),
 :mod:`.layout_writer` (metadata documents), :mod:`.atomic` (commit), :mod:`.async_save`
 (handles), :mod:`.distributed` (barriers), :mod:`.api` (``save``).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -44,7 +46,6 @@ def __getattr__(name: str) -> Any:
     mod = _WHERE.get(name)
     if mod is None:
         raise AttributeError(f"module 'ocdbt_py.checkpoint.saving' has no attribute {name!r}")
-    import importlib
 
     return getattr(importlib.import_module(mod), name)
 

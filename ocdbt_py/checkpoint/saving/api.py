@@ -33,6 +33,8 @@ from ocdbt_py.checkpoint.saving.chunking import (
     chunk_byte_limit,
 )
 from ocdbt_py.checkpoint.saving.distributed import Coordinator, coordinator
+from ocdbt_py.checkpoint.saving.host_copy import copy_arrays, keep_arena
+from ocdbt_py.checkpoint.saving.jax_arrays import default_replica_parallel, plan_jax_array
 from ocdbt_py.checkpoint.saving.merge import check_complete, collect_children, write_root
 from ocdbt_py.checkpoint.saving.params import (
     JAX_ARRAY,
@@ -77,6 +79,7 @@ class _Options:
     use_zarr3: bool
     use_compression: bool
     chunk_byte_size: int | None
+    leaf_chunk_byte_sizes: Mapping[str, int]  # param name -> chunk_byte_size for that array
     target_data_file_size: int
     replica_parallel: bool
     copy: bool
@@ -104,8 +107,10 @@ class _ItemPlan:
 
 
 def _spec(name: str, shape: tuple[int, ...], dtype: np.dtype[Any], write_shape: tuple[int, ...],
-          opts: _Options) -> ArraySpec:
-    limit = chunk_byte_limit(write_shape, dtype.itemsize, opts.chunk_byte_size, opts.target_data_file_size)
+          opts: _Options, item: str | None = None) -> ArraySpec:
+    key = name if item is None else f"{item}/{name}"
+    per_leaf = opts.leaf_chunk_byte_sizes.get(key, opts.chunk_byte_size)
+    limit = chunk_byte_limit(write_shape, dtype.itemsize, per_leaf, opts.target_data_file_size)
     chunk = choose_chunk_shape(shape, write_shape, dtype.itemsize, limit)
     return ArraySpec(name, shape, dtype, tuple(write_shape), chunk,
                      3 if opts.use_zarr3 else 2, opts.use_compression, opts.checksum)
@@ -121,7 +126,6 @@ def _host_array(value: Any, where: str) -> np.ndarray:
 def _copy_shared(plans: Mapping[str, Any], workers: int, reuse: bool) -> np.ndarray | None:
     """Replace every job's data that is the caller's memory by a private copy (async saves);
     returns the buffer holding the copies."""
-    from ocdbt_py.checkpoint.saving.host_copy import copy_arrays
 
     where: list[tuple[_ItemPlan, int]] = []
     for plan in plans.values():
@@ -157,11 +161,9 @@ def _plan_item(name: str | None, tree: Any, coord: Coordinator, opts: _Options, 
         vt = leaf.value_type
         pname = leaf.param_name
         if vt == JAX_ARRAY:
-            from ocdbt_py.checkpoint.saving.jax_arrays import plan_jax_array
-
             jp = plan_jax_array(leaf.value, replica_parallel=opts.replica_parallel, name=leaf.where,
                                 devices=coord.writer_devices)
-            spec = _spec(pname, jp.shape, jp.dtype, jp.write_shape, opts)
+            spec = _spec(pname, jp.shape, jp.dtype, jp.write_shape, opts, name)
             plan.specs.append(spec)
             if primary:
                 plan.metadata_specs.append(spec)
@@ -180,7 +182,7 @@ def _plan_item(name: str | None, tree: Any, coord: Coordinator, opts: _Options, 
             except TypeError as e:
                 raise UnsupportedLeafError(f"cannot save leaf {leaf.where}: {e}") from e
             shape = tuple(int(d) for d in arr.shape)
-            spec = _spec(pname, shape, dtype, shape, opts)
+            spec = _spec(pname, shape, dtype, shape, opts, name)
             plan.specs.append(spec)
             if primary:  # numpy arrays and scalars are written by the primary process only
                 plan.metadata_specs.append(spec)
@@ -255,10 +257,11 @@ def save(
     use_compression: bool = True,
     checksum: bool = False,
     chunk_byte_size: int | None = None,
+    leaf_chunk_byte_sizes: Mapping[str, int] | None = None,
     ocdbt_target_data_file_size: int | None = None,
     custom_metadata: Mapping[str, Any] | None = None,
     pytree_custom_metadata: Any = None,
-    handler: str | None = None,
+    handler: str | Mapping[str, str] | None = None,
     blocking: bool = True,
     copy: bool | None = None,
     keep_copy_buffer: bool = True,
@@ -285,6 +288,10 @@ def save(
     * ``force``: replace an existing checkpoint (otherwise :class:`CheckpointExistsError`).
     * ``use_zarr3``, ``use_compression``, ``chunk_byte_size``, ``ocdbt_target_data_file_size``:
       as Orbax's ``PyTreeCheckpointHandler`` / ``SaveArgs`` options (applied to every array).
+      ``leaf_chunk_byte_sizes`` maps param names (key names joined with ``.``, e.g.
+      ``"dense.kernel"``; ``"<item>/<param name>"`` in a composite save) to a
+      ``chunk_byte_size`` for that array alone, as a per-leaf ``SaveArgs(chunk_byte_size=...)``;
+      it overrides ``chunk_byte_size`` for those arrays.
     * ``checksum``: make stored chunks self-checking, so a flipped byte is an error on restore
       (and in ``ocdbt verify --data``) instead of silently different values: Zarr v2 zstd
       frames carry their content checksum; with ``use_zarr3`` each chunk ends in the Zarr v3
@@ -293,7 +300,7 @@ def save(
     * ``custom_metadata``: JSON stored in ``_CHECKPOINT_METADATA``;
       ``pytree_custom_metadata``: JSON stored in ``_METADATA`` (``PyTreeSave(custom_metadata=)``).
     * ``handler``: ``"standard"`` or ``"pytree"`` (handler name recorded for the item; default:
-      standard unless the tree holds strings).
+      standard unless the tree holds strings); a dict gives it per item of a composite save.
     * ``blocking=False``: return once host copies are made (``copy`` defaults to ``True`` then,
       so the caller may modify or donate its arrays); ``handle.wait()`` re-raises any error.
       A later save waits for the previous one.  ``keep_copy_buffer``: keep the copies' buffer
@@ -314,15 +321,40 @@ def save(
     coord = _coordinator if _coordinator is not None else coordinator(timeout_s=barrier_timeout)
     if copy is None:
         copy = not blocking
+    opts = _make_options(path, use_zarr3, use_compression, chunk_byte_size, leaf_chunk_byte_sizes,
+                         ocdbt_target_data_file_size, replica_parallel, copy, workers, sync, checksum)
+    for h in handler.values() if isinstance(handler, Mapping) else [handler]:
+        if h is not None and h not in _HANDLERS:
+            raise ValueError(f"handler must be 'standard' or 'pytree', not {h!r}")
+    plans = _make_plans(tree, composite, coord, opts, handler, pytree_custom_metadata)
+
+    arena = _copy_shared(plans, min(opts.workers, 4), keep_copy_buffer) if opts.copy else None
+    dest = open_destination(path, storage_options)
+    init_ns = time.time_ns()
+
+    def work() -> None:
+        _run(dest, plans, coord, opts, composite, force, custom_metadata, init_ns)
+        if arena is not None and keep_copy_buffer:
+            plans.clear()  # nothing references the copies any more
+            keep_arena(arena)
+
+    return async_save.start(dest.display, work, blocking=blocking, started=started)
+
+
+def _make_options(path: Any, use_zarr3: bool, use_compression: bool, chunk_byte_size: int | None,
+                  leaf_chunk_byte_sizes: Mapping[str, int] | None, ocdbt_target_data_file_size: int | None,
+                  replica_parallel: bool | None, copy: bool, workers: int | None, sync: bool,
+                  checksum: bool = False) -> _Options:
+    """The checked options of one save, with Orbax's defaults filled in."""
     if ocdbt_target_data_file_size is not None and ocdbt_target_data_file_size < 0:
         raise ValueError("ocdbt_target_data_file_size must be >= 0")
     if chunk_byte_size is not None and chunk_byte_size <= 0:
         raise ValueError("chunk_byte_size must be positive")
-    if handler is not None and handler not in _HANDLERS:
-        raise ValueError(f"handler must be 'standard' or 'pytree', not {handler!r}")
+    leaf_sizes = dict(leaf_chunk_byte_sizes or {})
+    for pname, size in leaf_sizes.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError(f"leaf_chunk_byte_sizes[{pname!r}] must be a positive int, not {size!r}")
     if replica_parallel is None:
-        from ocdbt_py.checkpoint.saving.jax_arrays import default_replica_parallel
-
         replica_parallel = default_replica_parallel()
     target = ocdbt_target_data_file_size
     if target is None:  # Orbax's defaults: 400 MiB on GCS, 2 GiB elsewhere
@@ -331,9 +363,15 @@ def save(
     if checksum and not use_zarr3 and not use_compression:
         raise ValueError("checksum=True needs use_compression=True or use_zarr3=True (uncompressed "
                          "Zarr v2 chunks have nowhere to keep a checksum)")
-    opts = _Options(use_zarr3, use_compression, chunk_byte_size, target, bool(replica_parallel), bool(copy),
+    return _Options(use_zarr3, use_compression, chunk_byte_size, leaf_sizes, target, bool(replica_parallel),
+                    bool(copy),
                     workers or default_workers(), sync, bool(checksum))
 
+
+def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: _Options,
+                handler: str | Mapping[str, str] | None,
+                pytree_custom_metadata: Any) -> dict[str, _ItemPlan | JsonItem]:
+    """What to write for each item (``""`` for a single item), checked before anything is."""
     if composite:
         if not isinstance(tree, Mapping) or not tree:
             raise TypeError("composite=True needs a non-empty dict of item name -> tree or JsonItem")
@@ -349,21 +387,9 @@ def save(
             layout_writer.json_item(value.value)  # fail early if not serializable
             plans[name] = value
         else:
-            plans[name] = _plan_item(name or None, value, coord, opts, handler, pytree_custom_metadata)
-
-    arena = _copy_shared(plans, min(opts.workers, 4), keep_copy_buffer) if opts.copy else None
-    dest = open_destination(path, storage_options)
-    init_ns = time.time_ns()
-
-    def work() -> None:
-        _run(dest, plans, coord, opts, composite, force, custom_metadata, init_ns)
-        if arena is not None and keep_copy_buffer:
-            from ocdbt_py.checkpoint.saving.host_copy import keep_arena
-
-            plans.clear()  # nothing references the copies any more
-            keep_arena(arena)
-
-    return async_save.start(dest.display, work, blocking=blocking, started=started)
+            item_handler = handler.get(name) if isinstance(handler, Mapping) else handler
+            plans[name] = _plan_item(name or None, value, coord, opts, item_handler, pytree_custom_metadata)
+    return plans
 
 
 def _run(dest: Destination, plans: Mapping[str, _ItemPlan | JsonItem], coord: Coordinator, opts: _Options,

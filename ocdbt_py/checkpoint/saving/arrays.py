@@ -30,9 +30,15 @@ from typing import Any
 
 import crc32c as _crc32c_mod
 import numpy as np
+import zstandard
 
-from ocdbt_py.checkpoint.saving.ocdbt_build import StoredValue, ValueSink
 from ocdbt_py.format.envelope import crc32c
+from ocdbt_py.write.bulk import StoredValue, ValueSink
+from zarr3.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec, compressor_from_v2
+from zarr3.dtypes import data_type_from_numpy, v2_dtype_string
+from zarr3.fill_value import default_fill_value
+from zarr3.metadata_v2 import ArrayMetadataV2
+from zarr3.metadata_v3 import ArrayMetadataV3
 
 __all__ = ["ArraySpec", "storage_dtype", "zarr_metadata", "chunk_regions", "encode_chunk", "encode_small",
            "Compressors", "ONE_SHOT_BYTES"]
@@ -57,7 +63,6 @@ def storage_dtype(dtype: Any) -> np.dtype[Any]:
     Raises ``TypeError`` for types TensorStore (and so Orbax) cannot store: structured and
     raw types, strings, objects, and ml_dtypes' ``uint2``/``uint4``/``float6_*``/``float8_e4m3``.
     """
-    from zarr3.dtypes import data_type_from_numpy
 
     try:
         dt = data_type_from_numpy(np.dtype(dtype))
@@ -74,11 +79,6 @@ def zarr_metadata(
     checksum: bool = False,
 ) -> bytes:
     """``.zarray`` / ``zarr.json`` bytes as TensorStore writes them for Orbax."""
-    from zarr3.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec, compressor_from_v2
-    from zarr3.dtypes import data_type_from_numpy, v2_dtype_string
-    from zarr3.fill_value import default_fill_value
-    from zarr3.metadata_v2 import ArrayMetadataV2
-    from zarr3.metadata_v3 import ArrayMetadataV3
 
     dt = data_type_from_numpy(dtype)
     meta: ArrayMetadataV2 | ArrayMetadataV3
@@ -182,7 +182,6 @@ class Compressors:
 
     def get(self, level: int, checksum: bool = False) -> Any:
         """This thread's compressor for ``level`` (writing frame checksums or not)."""
-        import zstandard
 
         cache = getattr(self._local, "c", None)
         if cache is None:

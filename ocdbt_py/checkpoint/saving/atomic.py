@@ -21,10 +21,10 @@ import os
 import shutil
 from typing import Any
 
-from ocdbt_py.checkpoint.saving.sinks import DeferredSyncStore, local_path
 from ocdbt_py.errors import OcdbtError, StorageError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.sinks import DeferredSyncStore
 
 __all__ = ["Destination", "CheckpointExistsError", "TMP_SUFFIX", "open_destination"]
 
@@ -162,7 +162,7 @@ class Destination:
 def open_destination(location: Any, storage_options: dict[str, Any] | None = None) -> Destination:
     """The destination for ``location`` (local path, any fsspec URL, or a :class:`KvStore`)."""
     if isinstance(location, KvStore):
-        path = local_path(location)
+        path = location.local_path()
         if path is not None:
             return Destination(location, path, os.path.abspath(path))
         return Destination(location, location.url, None)
@@ -170,7 +170,7 @@ def open_destination(location: Any, storage_options: dict[str, Any] | None = Non
     kv = open_kvstore(loc, storage_options)
     if kv.read_only:
         raise StorageError(f"{kv.url} is read-only")
-    path = local_path(kv)
+    path = kv.local_path()
     if path is not None:
         path = os.path.abspath(path).rstrip(os.sep) or os.sep
         return Destination(kv, path, path)

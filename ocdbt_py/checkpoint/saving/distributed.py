@@ -101,6 +101,7 @@ class Coordinator:
 
 def _jax_client() -> Any:
     try:
+        # optional: JAX is imported only for trees that hold JAX objects
         from jax._src import distributed
 
         return distributed.global_state.client
@@ -114,6 +115,7 @@ def coordinator(*, timeout_s: float = 600.0, force_single: bool = False) -> Coor
         save_id = next(_counter)
     if force_single or "jax" not in sys.modules:
         return Coordinator(timeout_s=timeout_s, save_id=save_id)
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
 
     count = int(jax.process_count())
@@ -128,6 +130,7 @@ def group_coordinator(participants: Sequence[int], *, key_prefix: str, writer_de
     included; the first commits), with barrier keys under ``key_prefix`` (unique per save)."""
     if "jax" not in sys.modules:
         return Coordinator(timeout_s=timeout_s, writer_devices=writer_devices, partial=partial, key_prefix=key_prefix)
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
 
     count = int(jax.process_count())

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ocdbt_py.pools import shared
+
 __all__ = ["copy_arrays", "keep_arena", "release_cached_arena"]
 
 _ALIGN = 64
@@ -102,17 +104,9 @@ def copy_arrays(
     return outs, arena
 
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
 def _copy_pool() -> concurrent.futures.ThreadPoolExecutor:
     """Threads kept for copies between saves (starting threads per save costs milliseconds)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="ocdbt-copy")
-        return _pool
+    return shared("copy")
 
 
 def _copy_group(jobs: Sequence[tuple[np.ndarray, Any]]) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ocdbt_py.checkpoint.saving.arrays import storage_dtype
 from ocdbt_py.checkpoint.saving.chunking import replica_parallel_axis
 
 __all__ = ["Piece", "JaxArrayPlan", "plan_jax_array", "default_replica_parallel", "sharding_json"]
@@ -113,6 +114,7 @@ def sharding_json(sharding: Any) -> str | None:
 
 
 def _sharding_json(sharding: Any) -> str | None:
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
 
     if isinstance(sharding, jax.sharding.NamedSharding):
@@ -162,6 +164,7 @@ def plan_jax_array(arr: Any, *, replica_parallel: bool, name: str = "",
     ``replica_id == 0`` -- each distinct region once, by the lowest id holding it, without
     replica-parallel splitting (process-local and single-replica saves).
     """
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
 
     ext: dict[str, Any] | None = None
@@ -171,7 +174,6 @@ def plan_jax_array(arr: Any, *, replica_parallel: bool, name: str = "",
     shape = tuple(int(d) for d in arr.shape)
     if math.prod(shape) == 0:
         raise ValueError(f"Cannot save arrays with zero size: {name or 'jax.Array'} has shape {shape}")
-    from ocdbt_py.checkpoint.saving.arrays import storage_dtype
 
     dtype = storage_dtype(arr.dtype)
     shards = list(arr.addressable_shards)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ocdbt_py.checkpoint.saving.params import JAX_ARRAY, Leaf
+from ocdbt_py.format.config import MANIFEST_KIND_SINGLE, Config
 
 __all__ = [
+    "orbax_config",
     "PYTREE_HANDLER",
     "STANDARD_HANDLER",
     "JSON_HANDLER",
@@ -47,6 +50,18 @@ CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
 COMMIT_MARKER = "commit_success.txt"
 ARRAY_METADATAS = "array_metadatas"
 JSON_ITEM_FILE = "metadata"
+
+
+def orbax_config(uuid: bytes | None = None) -> Config:
+    """The config Orbax gives every checkpoint database (TensorStore records zstd level 0)."""
+    return Config(
+        uuid=uuid if uuid is not None else os.urandom(16),
+        manifest_kind=MANIFEST_KIND_SINGLE,
+        max_inline_value_bytes=1024,
+        max_decoded_node_bytes=100_000_000,
+        version_tree_arity_log2=4,
+        compression_level=0,
+    )
 
 
 def _ts_json(obj: Any) -> bytes:

@@ -14,19 +14,19 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
 from ocdbt_py.checkpoint.saving.arrays import ArraySpec
-from ocdbt_py.checkpoint.saving.ocdbt_build import (
-    MANIFEST_KEY,
-    BuiltDatabase,
-    StoredValue,
-    iter_entries,
-    orbax_config,
-    write_database,
-)
+from ocdbt_py.checkpoint.saving.layout_writer import orbax_config
 from ocdbt_py.checkpoint.saving.process_writer import process_dir
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.data_file_table import DataFileId, IndirectDataReference
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
+from ocdbt_py.write.bulk import (
+    MANIFEST_KEY,
+    BuiltDatabase,
+    StoredValue,
+    iter_entries,
+    write_database,
+)
 
 __all__ = ["rebase", "collect_children", "write_root", "check_complete", "IncompleteSaveError"]
 

@@ -124,6 +124,7 @@ def _empty_type(x: Any) -> str | None:
 def classify(value: Any, where: str = "") -> str:
     """The ``value_type`` Orbax records for a (non-container) leaf value."""
     if jax_loaded():
+        # optional: JAX is imported only for trees that hold JAX objects
         import jax
 
         if isinstance(value, jax.Array):
@@ -179,6 +180,7 @@ def _walk_plain(x: Any, names: tuple[str, ...], types: tuple[int, ...], out: lis
 
 
 def _walk_jax(tree: Any) -> list[Leaf]:
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
     from jax import tree_util as tu
 
@@ -232,6 +234,7 @@ def _walk_jax(tree: Any) -> list[Leaf]:
 
 
 def _is_custom_empty_node(x: Any) -> bool:
+    # optional: JAX is imported only for trees that hold JAX objects
     import jax
 
     if isinstance(x, (jax.Array, np.ndarray, np.generic, str, int, float, complex)):

@@ -23,18 +23,19 @@ from ocdbt_py.checkpoint.saving.arrays import (
     encode_chunk,
     encode_small,
 )
-from ocdbt_py.checkpoint.saving.ocdbt_build import (
+from ocdbt_py.checkpoint.saving.layout_writer import orbax_config
+from ocdbt_py.format.data_file_table import IndirectDataReference
+from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.prefixed import PrefixStore
+from ocdbt_py.pools import dedicated
+from ocdbt_py.write.bulk import (
     BuiltDatabase,
     DataFilePool,
     StoredValue,
     ValueSink,
-    orbax_config,
     store_value,
     write_database,
 )
-from ocdbt_py.format.data_file_table import IndirectDataReference
-from ocdbt_py.kvstore.base import KvStore
-from ocdbt_py.kvstore.prefixed import PrefixStore
 
 __all__ = ["ProcessWriter", "process_dir", "default_workers", "ChunkJob"]
 
@@ -184,7 +185,7 @@ def _run_bounded(tasks: Iterable[Callable[[], None]], workers: int) -> None:
             t()
         return
     limit = workers * 2
-    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ocdbt-save") as ex:
+    with dedicated("save", workers) as ex:
         pending: set[concurrent.futures.Future[None]] = set()
         try:
             for t in tasks:

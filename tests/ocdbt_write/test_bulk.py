@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 
 import ocdbt_py
+from ocdbt_py.checkpoint.saving.layout_writer import orbax_config
 from ocdbt_py.checkpoint.saving.merge import collect_children, rebase, write_root
-from ocdbt_py.checkpoint.saving.ocdbt_build import (
+from ocdbt_py.format.data_file_table import IndirectDataReference
+from ocdbt_py.kvstore import LocalStore, MemoryStore, PrefixStore
+from ocdbt_py.write.bulk import (
     DataFilePool,
     ValueSink,
     iter_entries,
-    orbax_config,
     store_value,
     write_database,
 )
-from ocdbt_py.format.data_file_table import IndirectDataReference
-from ocdbt_py.kvstore import LocalStore, MemoryStore, PrefixStore
 
 
 def _values(n: int) -> dict[bytes, bytes]:

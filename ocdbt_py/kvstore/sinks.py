@@ -9,9 +9,9 @@ referenced by a manifest written afterwards), so no temporary name is needed.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -20,8 +20,9 @@ from ocdbt_py.errors import StorageError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.keys import validate_key
 from ocdbt_py.kvstore.local import LocalStore
+from ocdbt_py.pools import map_concurrently
 
-__all__ = ["Sink", "open_sink", "local_path", "DeferredSyncStore"]
+__all__ = ["Sink", "open_sink", "DeferredSyncStore"]
 
 
 class Sink(Protocol):
@@ -37,23 +38,6 @@ class Sink(Protocol):
         """Give up; what was written may be left behind or removed."""
 
 
-def _resolve(kv: KvStore, key: str) -> tuple[KvStore, str]:
-    from ocdbt_py.kvstore.prefixed import PrefixStore
-
-    while isinstance(kv, PrefixStore):
-        key = kv.prefix + key
-        kv = kv.base
-    return kv, key
-
-
-def local_path(kv: KvStore, key: str = "") -> str | None:
-    """The filesystem path of ``key`` when ``kv`` is (a prefix of) a local directory."""
-    base, full = _resolve(kv, key)
-    if isinstance(base, LocalStore):
-        return os.path.join(base.root, *full.split("/")) if full else base.root
-    return None
-
-
 class DeferredSyncStore(LocalStore):
     """A :class:`LocalStore` for a directory nobody reads until it is committed (a save's
     temporary directory): values are written in place without a sync each, and
@@ -65,7 +49,11 @@ class DeferredSyncStore(LocalStore):
         self._pending: set[str] = set()
         self._pending_lock = threading.Lock()
 
-    def note(self, path: str) -> None:
+    @property
+    def syncs_later(self) -> bool:
+        return True
+
+    def note_written(self, path: str) -> None:
         """Remember a file written below the root, to be synced by :meth:`sync_all`."""
         with self._pending_lock:
             self._pending.add(path)
@@ -79,7 +67,7 @@ class DeferredSyncStore(LocalStore):
                     f.write(p)
         except OSError as e:
             raise StorageError(f"writing {self.url}/{key} failed: {e}") from e
-        self.note(path)
+        self.note_written(path)
 
     def sync_all(self, workers: int = 8) -> None:
         """fsync every file written since the last call, then their directories."""
@@ -109,11 +97,9 @@ class DeferredSyncStore(LocalStore):
             finally:
                 os.close(fd)
 
-        with concurrent.futures.ThreadPoolExecutor(min(workers, len(files))) as ex:
-            list(ex.map(lambda f: sync(f, os.O_RDONLY), files))
+        map_concurrently(lambda f: sync(f, os.O_RDONLY), files, purpose="fsync", limit=workers)
         dflag = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-        with concurrent.futures.ThreadPoolExecutor(min(workers, len(dirs))) as ex:
-            list(ex.map(lambda d: sync(d, dflag), sorted(dirs)))
+        map_concurrently(lambda d: sync(d, dflag), sorted(dirs), purpose="fsync", limit=workers)
         if errors:
             raise StorageError(f"syncing {self.url} failed: {errors[0]}")
 
@@ -124,9 +110,9 @@ _SYNC_FILE_RANGE_WRITE = 2
 
 def _writeback_starter() -> Any:
     """``sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE)`` (Linux), or ``None``."""
+    # platform-specific: Linux only
     import ctypes
     import ctypes.util
-    import sys
 
     if not sys.platform.startswith("linux"):
         return None
@@ -147,15 +133,16 @@ class _FileSink:
     is started every 32 MiB (``sync_file_range``), so the final fsync has little left to do
     and the disk works while the next chunks are compressed."""
 
-    def __init__(self, path: str, sync: bool, registry: DeferredSyncStore | None = None):
+    def __init__(self, path: str, sync: bool, owner: KvStore):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.path = path
-        self.sync = sync and registry is None
-        self._kick = (sync or registry is not None) and _start_writeback is not None
+        later = owner.syncs_later
+        self.sync = sync and not later
+        self._kick = (sync or later) and _start_writeback is not None
         self._unflushed = 0
         self._f = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in close()/abort()
-        if registry is not None:
-            registry.note(path)
+        if later:
+            owner.note_written(path)
 
     def write(self, data: bytes | memoryview) -> int:
         mv = memoryview(data)
@@ -227,19 +214,15 @@ class _PartsSink:
 def open_sink(kv: KvStore, key: str, *, sync: bool = True) -> Sink:
     """A streaming writer for the new value of ``key`` (``sync``: fsync local files on close)."""
     validate_key(key)
-    from ocdbt_py.kvstore.fsspec_store import FsspecStore
-
-    base, full = _resolve(kv, key)
-    path = local_path(base, full)
+    path = kv.local_path(key)
+    where = kv.fsspec_location(key) if path is None else None
     try:
+        if (path is not None or where is not None) and kv.read_only:
+            raise StorageError(f"{kv.url} is read-only")
         if path is not None:
-            if base.read_only:
-                raise StorageError(f"{base.url} is read-only")
-            return _FileSink(path, sync, base if isinstance(base, DeferredSyncStore) else None)
-        if isinstance(base, FsspecStore):
-            if base.read_only:
-                raise StorageError(f"{base.url} is read-only")
-            return _FsspecSink(base.fs, f"{base.root}/{full}" if base.root else full)
+            return _FileSink(path, sync, kv)
+        if where is not None:
+            return _FsspecSink(*where)
     except OSError as e:
         raise StorageError(f"cannot create {kv.url.rstrip('/')}/{key}: {e}") from e
-    return _PartsSink(base, full)
+    return _PartsSink(kv, key)

@@ -1,4 +1,4 @@
-"""Building a single-generation OCDBT database in one pass, as a checkpoint writer needs.
+"""Bulk building: a single-generation OCDBT database written in one pass (checkpoint writers).
 
 A checkpoint's per-process database and the merged root are written once and never updated,
 so instead of committing through the general writer (which needs conditional writes and holds
@@ -19,29 +19,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import secrets
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Union
+from typing import Union
 
-from ocdbt_py.checkpoint.saving.sinks import Sink, open_sink
-from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.btree import BtreeChild
-from ocdbt_py.format.config import MANIFEST_KIND_SINGLE, Config
+from ocdbt_py.format.config import Config
 from ocdbt_py.format.data_file_table import DataFileId, IndirectDataReference, Statistics
 from ocdbt_py.format.manifest import Manifest, encode_manifest
 from ocdbt_py.format.version_tree import BtreeGenerationReference
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.sinks import Sink, open_sink
+from ocdbt_py.read.btree_read import iterate
+from ocdbt_py.read.node_reader import NodeReader
+from ocdbt_py.read.version_read import read_manifest
 from ocdbt_py.write.data_writer import DataWriter
 from ocdbt_py.write.node_encoder import encode_interior_level, encode_leaf_level
 
-if TYPE_CHECKING:
-    from ocdbt_py.store import OcdbtStore
-
 __all__ = [
-    "orbax_config",
     "DataFilePool",
     "ValueSink",
     "StoredValue",
@@ -54,18 +51,6 @@ MANIFEST_KEY = "manifest.ocdbt"
 StoredValue = Union[bytes, IndirectDataReference]
 _MAX_HEIGHT = 255
 _WRITE_PIECE = 4 << 20
-
-
-def orbax_config(uuid: bytes | None = None) -> Config:
-    """The config Orbax gives every checkpoint database (TensorStore records zstd level 0)."""
-    return Config(
-        uuid=uuid if uuid is not None else os.urandom(16),
-        manifest_kind=MANIFEST_KIND_SINGLE,
-        max_inline_value_bytes=1024,
-        max_decoded_node_bytes=100_000_000,
-        version_tree_arity_log2=4,
-        compression_level=0,
-    )
 
 
 class _DataFile:
@@ -304,27 +289,10 @@ def write_database(
 
 def iter_entries(kv: KvStore) -> Iterator[tuple[bytes, StoredValue]]:
     """Every ``(key, inline bytes or reference)`` of the latest version of the database in ``kv``."""
-    from ocdbt_py.store import OcdbtStore
-
-    db = OcdbtStore(kv)
-    batch: list[tuple[bytes, IndirectDataReference | None]] = []
-    for e in db.entries():
-        batch.append((e.key, e.location))
-        if len(batch) >= 4096:
-            yield from _fill(db, batch)
-            batch = []
-    yield from _fill(db, batch)
-
-
-def _fill(db: OcdbtStore, batch: list[tuple[bytes, IndirectDataReference | None]]
-          ) -> Iterator[tuple[bytes, StoredValue]]:
-    pending = [k for k, loc in batch if loc is None]
-    inline = dict(zip(pending, db.get_many(pending))) if pending else {}
-    for k, loc in batch:
-        if loc is not None:
-            yield k, loc
-            continue
-        data = inline.get(k)
-        if data is None:
-            raise CorruptionError(f"inline value of {k!r} vanished while reading", path=db.url)
-        yield k, data
+    manifest, _ = read_manifest(kv)
+    if not manifest.versions:
+        return
+    latest = manifest.versions[-1]
+    reader = NodeReader(kv, manifest.config)
+    for key, value in iterate(reader, (latest.root, latest.root_height)):
+        yield key, value if isinstance(value, IndirectDataReference) else bytes(value)

@@ -1,0 +1,55 @@
+"""``ocdbt report``: a self-contained HTML page about a checkpoint (tree, sizes, histograms,
+NaN/Inf table, sortable statistics; metrics across steps for a manager root)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ocdbt_py.cli.inspect_args import add_inspect_common
+from ocdbt_py.cli.options import add_location
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``report`` subcommand."""
+    p = subparsers.add_parser(
+        "report",
+        help="write a self-contained HTML report of a checkpoint",
+        description="Read every chunk of a checkpoint once and write one HTML file (no network needed "
+        "to view it): the tree of tensors (collapsible), where the bytes are, the NaN/Inf table, a "
+        "sortable statistics table with a histogram per tensor and, for a CheckpointManager root, the "
+        "saved metrics across steps.",
+    )
+    add_location(p)
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="HTML file to write")
+    add_inspect_common(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the report."""
+    import os
+
+    from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
+    from ocdbt_py.cli.inspect_args import check_workers, progress_callback
+    from ocdbt_py.cli.options import storage_options
+    from ocdbt_py.cli.output import print_json
+    from ocdbt_py.inspect.report import report
+
+    check_workers(args)
+    parent = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(parent):
+        raise UsageError(f"cannot write {args.output}: directory {parent} does not exist")
+    with value_errors_as_usage(), progress_callback(args, "report") as progress:
+        data = report(args.url, args.output, step=args.step, storage_options=storage_options(args),
+                      include=args.include or None, workers=args.workers, progress=progress)
+    nbad = sum(1 for s in data.stats.values() if s.nonfinite)
+    if args.json:
+        print_json({"output": args.output, "tensors": len(data.stats), "nonfinite_tensors": nbad,
+                    "step": data.step})
+    elif not args.quiet:
+        import sys
+
+        sys.stderr.write(f"wrote {args.output}: {len(data.stats)} tensors, {nbad} with NaN/Inf\n")
+    return 0

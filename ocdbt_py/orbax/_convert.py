@@ -1,0 +1,124 @@
+"""Orbax arguments to the native API's trees, targets and save options (internal).
+
+Save: a ``StandardSave``/``PyTreeSave`` item becomes the tree :func:`ocdbt_py.checkpoint.save`
+writes (leaves cast to ``SaveArgs.dtype``) plus per-leaf chunk byte sizes; restore: a
+``restore_args`` tree becomes a native restore target (``jax.ShapeDtypeStruct`` leaves with
+shardings for ``ArrayRestoreArgs``, typed NumPy stand-ins for ``RestoreArgs``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ocdbt_py.checkpoint.pytree import dotted, flatten_with_names
+from ocdbt_py.orbax.type_handlers import ArrayRestoreArgs, RestoreArgs, SaveArgs
+
+__all__ = ["apply_save_args", "restore_target"]
+
+
+def _cast(value: Any, dtype: Any) -> Any:
+    if hasattr(value, "astype") and not isinstance(value, np.generic):
+        return value.astype(dtype)  # np.ndarray and jax.Array (keeps its sharding)
+    return np.asarray(value).astype(dtype)
+
+
+def apply_save_args(item: Any, save_args: Any) -> tuple[Any, dict[str, int]]:
+    """``item`` with leaves cast to their ``SaveArgs.dtype``, and ``{param name:
+    chunk_byte_size}`` for leaves whose ``SaveArgs`` set one."""
+    if save_args is None:
+        return item, {}
+    flat_args: list[tuple[tuple[str, ...], Any]]
+    if isinstance(save_args, SaveArgs):  # one SaveArgs for a single-leaf item
+        flat_args = [((), save_args)]
+    else:
+        flat_args, _ = flatten_with_names(save_args, is_leaf=lambda x: isinstance(x, SaveArgs))
+    by_name = {names: a for names, a in flat_args if isinstance(a, SaveArgs)}
+    sizes = {dotted(n): a.chunk_byte_size for n, a in by_name.items() if a.chunk_byte_size is not None}
+    if not any(a.dtype is not None for a in by_name.values()):
+        return item, sizes
+    flat, rebuild = flatten_with_names(item)
+    values = []
+    for names, value in flat:
+        a = by_name.get(names)
+        values.append(_cast(value, a.dtype) if a is not None and a.dtype is not None and value is not None
+                      else value)
+    return rebuild(values), sizes
+
+
+def _stand_in(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A zero-memory ndarray of ``shape`` and ``dtype``: tells the native restore the type."""
+    return np.broadcast_to(np.zeros((), dtype=np.dtype(dtype)), tuple(shape))
+
+
+def _array_target(args: ArrayRestoreArgs, like: Any, stored: Callable[[tuple[str, ...]], Any],
+                  names: tuple[str, ...]) -> Any:
+    import jax  # ArrayRestoreArgs name JAX shardings: JAX is loaded already
+
+    sharding = args.sharding
+    if sharding is None and args.mesh is not None:
+        sharding = jax.sharding.NamedSharding(args.mesh, args.mesh_axes)
+    if sharding is None:
+        sharding = getattr(like, "sharding", None)
+    shape = args.global_shape
+    dtype = args.dtype
+    if shape is None and like is not None and hasattr(like, "shape"):
+        shape = tuple(like.shape)
+    if dtype is None and like is not None and hasattr(like, "dtype"):
+        dtype = like.dtype
+    if shape is None or dtype is None:
+        meta = stored(names)
+        shape = tuple(meta.shape) if shape is None else shape
+        dtype = meta.dtype if dtype is None else dtype
+    if sharding is None:
+        raise ValueError(f"ArrayRestoreArgs for {dotted(names)!r} gives no sharding (or mesh and mesh_axes)")
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+
+def _plain_target(args: RestoreArgs, like: Any, stored: Callable[[tuple[str, ...]], Any],
+                  names: tuple[str, ...]) -> Any:
+    rt = args.restore_type
+    if rt in (int, float, bool, complex):
+        return rt(0)
+    if args.dtype is None:
+        return like if like is not None and not _is_jax(like) else None
+    shape = getattr(like, "shape", None)
+    if shape is None:
+        shape = stored(names).shape
+    return _stand_in(tuple(shape), args.dtype)
+
+
+def _is_jax(x: Any) -> bool:
+    if "jax" not in sys.modules:
+        return False
+    import jax  # loaded already (checked above)
+
+    return isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
+
+
+def restore_target(item: Any, restore_args: Any, stored: Callable[[tuple[str, ...]], Any]) -> Any:
+    """The native restore target for ``PyTreeRestore(item, restore_args)``.
+
+    ``stored(names)`` gives the stored :class:`~ocdbt_py.checkpoint.LeafMetadata` of a leaf
+    (asked only when neither argument says its shape or dtype).
+    """
+    if restore_args is None:
+        return item
+    is_args = lambda x: isinstance(x, RestoreArgs)  # noqa: E731
+    flat, rebuild = flatten_with_names(restore_args, is_leaf=is_args)
+    likes: dict[tuple[str, ...], Any] = {}
+    if item is not None:
+        likes = dict(flatten_with_names(item)[0])
+    values = []
+    for names, a in flat:
+        like = likes.get(names)
+        if isinstance(a, ArrayRestoreArgs):
+            values.append(_array_target(a, like, stored, names))
+        elif isinstance(a, RestoreArgs):
+            values.append(_plain_target(a, like, stored, names))
+        else:
+            values.append(a if a is not None else like)
+    return rebuild(values)

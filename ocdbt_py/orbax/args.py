@@ -1,0 +1,144 @@
+"""``ocp.args``: what to save or restore and how (Orbax's ``CheckpointArgs`` classes).
+
+>>> import ocdbt_py.orbax as ocp
+>>> args = ocp.args.Composite(state=ocp.args.StandardSave(state),          # doctest: +SKIP
+...                           meta=ocp.args.JsonSave({"lr": 1e-3}))
+
+Each class has the fields of its Orbax namesake; :class:`Composite` maps item names to
+arguments and is also the type of a composite restore's result (indexable by name or
+attribute).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+__all__ = [
+    "CheckpointArgs",
+    "StandardSave",
+    "StandardRestore",
+    "PyTreeSave",
+    "PyTreeRestore",
+    "JsonSave",
+    "JsonRestore",
+    "Composite",
+]
+
+
+class CheckpointArgs:
+    """Base class of every save/restore argument object."""
+
+
+@dataclasses.dataclass
+class StandardSave(CheckpointArgs):
+    """Save a tree of arrays and scalars (``StandardCheckpointHandler``)."""
+
+    item: Any
+    save_args: Any = None
+    custom_metadata: Any = None
+
+
+@dataclasses.dataclass
+class StandardRestore(CheckpointArgs):
+    """Restore a tree saved with :class:`StandardSave`; ``item`` is the target (abstract
+    ``jax.ShapeDtypeStruct`` leaves with shardings, arrays, or ``None`` for as stored)."""
+
+    item: Any = None
+    strict: bool = True
+    support_layout: bool = False
+    fallback_sharding: Any = None
+
+
+@dataclasses.dataclass
+class PyTreeSave(CheckpointArgs):
+    """Save any tree (strings too) with per-leaf ``save_args`` (``PyTreeCheckpointHandler``)."""
+
+    item: Any
+    save_args: Any = None
+    ocdbt_target_data_file_size: int | None = None
+    custom_metadata: Any = None
+
+
+@dataclasses.dataclass
+class PyTreeRestore(CheckpointArgs):
+    """Restore a tree; ``item`` gives the structure, ``restore_args`` the per-leaf types and
+    shardings (``checkpoint_utils.construct_restore_args``)."""
+
+    item: Any = None
+    restore_args: Any = None
+    transforms: Any = None
+    transforms_default_to_original: bool = True
+    legacy_transform_fn: Any = None
+    partial_restore: bool = False
+
+
+@dataclasses.dataclass
+class JsonSave(CheckpointArgs):
+    """Save a JSON-serializable object (``JsonCheckpointHandler``)."""
+
+    item: Any
+
+
+@dataclasses.dataclass
+class JsonRestore(CheckpointArgs):
+    """Restore a JSON item."""
+
+    item: Any = None
+
+
+class Composite(CheckpointArgs, Mapping[str, Any]):
+    """Item name -> arguments (or, as a restore result, item name -> restored object).
+
+    ``Composite(state=..., meta=...)``; ``c["state"]``, ``c.state`` (for names that are not
+    methods), ``"state" in c``, ``c.items()``, ``c.get(name)``, ``c | other``, ``c & other``.
+    Immutable.
+    """
+
+    _items: dict[str, Any]
+
+    def __init__(self, **items: Any):
+        for key in items:
+            if key.startswith("__"):
+                raise ValueError(f'Composite keys cannot start with "__". Got: {key}')
+        object.__setattr__(self, "_items", dict(items))
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._items:
+            raise KeyError(f"Unknown key: {key}. Available keys: {self._items.keys()}")
+        return self._items[key]
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("__") or key == "_items":
+            raise AttributeError(key)
+        try:
+            return self._items[key]
+        except KeyError:
+            raise AttributeError(f"Unknown key: {key}. Available keys: {self._items.keys()}") from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise ValueError("Composite is immutable after initialization.")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __or__(self, other: Mapping[str, Any]) -> Composite:
+        return Composite(**{**self._items, **dict(other)})
+
+    def __and__(self, other: Mapping[str, Any]) -> Composite:
+        return Composite(**{k: v for k, v in self._items.items() if k in other})
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Composite) and self._items == other._items
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Composite({self._items!r})"

@@ -1,0 +1,296 @@
+"""``ocp.handlers``: what each kind of item is and how it maps onto the native API.
+
+A handler turns its save arguments into what :func:`ocdbt_py.checkpoint.save` writes (a tree,
+or a :class:`~ocdbt_py.checkpoint.JsonItem`, plus save options) and its restore arguments into
+a native restore target.  :class:`CompositeCheckpointHandler` holds one handler per item.
+Handlers are used through a checkpointer or the manager; their own ``save``/``restore``
+methods work on a directory too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ocdbt_py.checkpoint.meta import metadata
+from ocdbt_py.checkpoint.pytree import flatten_with_names
+from ocdbt_py.checkpoint.restore.api import restore
+from ocdbt_py.checkpoint.saving.api import JsonItem, SaveHandle, save
+from ocdbt_py.errors import UnsupportedError
+from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.orbax import args as args_lib
+from ocdbt_py.orbax._convert import apply_save_args, restore_target
+from ocdbt_py.orbax._saved_shardings import saved_sharding_target
+
+__all__ = [
+    "CheckpointHandler",
+    "AsyncCheckpointHandler",
+    "StandardCheckpointHandler",
+    "PyTreeCheckpointHandler",
+    "JsonCheckpointHandler",
+    "CompositeCheckpointHandler",
+    "StandardSaveArgs",
+    "StandardRestoreArgs",
+    "PyTreeSaveArgs",
+    "PyTreeRestoreArgs",
+    "JsonSaveArgs",
+    "JsonRestoreArgs",
+    "CompositeArgs",
+    "CompositeResults",
+]
+
+Location = str | os.PathLike[str] | KvStore
+
+StandardSaveArgs = args_lib.StandardSave
+StandardRestoreArgs = args_lib.StandardRestore
+PyTreeSaveArgs = args_lib.PyTreeSave
+PyTreeRestoreArgs = args_lib.PyTreeRestore
+JsonSaveArgs = args_lib.JsonSave
+JsonRestoreArgs = args_lib.JsonRestore
+CompositeArgs = args_lib.Composite
+CompositeResults = args_lib.Composite
+
+
+class NativeItem:
+    """One item as the native save takes it: ``value`` (tree or JsonItem) and options."""
+
+    def __init__(self, value: Any, kind: str | None = None, options: Mapping[str, Any] | None = None,
+                 chunk_sizes: Mapping[str, int] | None = None):
+        self.value = value
+        self.kind = kind  # "standard" / "pytree" / None for JSON
+        self.options = dict(options or {})
+        self.chunk_sizes = dict(chunk_sizes or {})
+
+
+class CheckpointHandler:
+    """Base of the handlers: ``save_args``/``restore_args`` are its argument classes."""
+
+    save_args: type[args_lib.CheckpointArgs] = args_lib.CheckpointArgs
+    restore_args: type[args_lib.CheckpointArgs] = args_lib.CheckpointArgs
+
+    def to_native(self, args: args_lib.CheckpointArgs) -> NativeItem:
+        """The native form of ``args`` (a save argument of this handler)."""
+        raise NotImplementedError
+
+    def restore_from(self, location: Location, args: args_lib.CheckpointArgs | None, item: str | None = None) -> Any:
+        """Restore the item at ``location`` (a step directory when ``item`` names one of its items)."""
+        return restore(location, None, item=item)
+
+    def start_save(self, directory: Location, args: args_lib.CheckpointArgs, *, force: bool,
+                   custom_metadata: dict[str, Any] | None, blocking: bool) -> SaveHandle:
+        """Start writing ``args`` as the checkpoint at ``directory`` (one item)."""
+        native = self.to_native(args)
+        options = dict(native.options)
+        options["handler"] = native.kind
+        if native.chunk_sizes:
+            options["leaf_chunk_byte_sizes"] = native.chunk_sizes
+        return save(directory, native.value, force=force, custom_metadata=custom_metadata, blocking=blocking,
+                    **options)
+
+    def save(self, directory: Location, args: args_lib.CheckpointArgs) -> None:
+        """Write ``args`` to ``directory`` (replacing it), blocking."""
+        self.start_save(directory, args, force=True, custom_metadata=None, blocking=True)
+
+    def restore(self, directory: Location, args: args_lib.CheckpointArgs | None = None) -> Any:
+        """Restore what ``directory`` holds."""
+        return self.restore_from(directory, args)
+
+    def metadata(self, directory: Location) -> Any:
+        """The stored tree's metadata (shapes, dtypes), reading no array data."""
+        return metadata(directory)
+
+    def finalize(self, directory: Location) -> None:
+        """Nothing to do: the native save commits atomically."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+AsyncCheckpointHandler = CheckpointHandler
+
+
+def _check_ocdbt(use_ocdbt: bool) -> None:
+    if not use_ocdbt:
+        raise UnsupportedError("use_ocdbt=False (one TensorStore array per directory) is not written by ocdbt_py; "
+                               "its checkpoints are read, and saves use OCDBT as Orbax does by default")
+
+
+class PyTreeCheckpointHandler(CheckpointHandler):
+    """Trees of arrays, scalars and strings (``PyTreeSave``/``PyTreeRestore``)."""
+
+    save_args: type[args_lib.CheckpointArgs] = args_lib.PyTreeSave
+    restore_args: type[args_lib.CheckpointArgs] = args_lib.PyTreeRestore
+    kind = "pytree"
+
+    def __init__(self, aggregate_filename: str | None = None, *, use_ocdbt: bool = True, use_zarr3: bool = False,
+                 use_compression: bool = True, **ignored: Any):
+        _check_ocdbt(use_ocdbt)
+        self.use_zarr3 = bool(use_zarr3)
+        self.use_compression = bool(use_compression)
+
+    def to_native(self, args: args_lib.CheckpointArgs) -> NativeItem:
+        """The item (cast per ``save_args``), chunk sizes and Zarr options."""
+        if not isinstance(args, (args_lib.PyTreeSave, args_lib.StandardSave)):
+            raise TypeError(f"{type(self).__name__} saves {self.save_args.__name__}, not {type(args).__name__}")
+        tree, sizes = apply_save_args(args.item, args.save_args)
+        opts: dict[str, Any] = {"use_zarr3": self.use_zarr3, "use_compression": self.use_compression}
+        target = getattr(args, "ocdbt_target_data_file_size", None)
+        if target is not None:
+            opts["ocdbt_target_data_file_size"] = target
+        if args.custom_metadata is not None:
+            opts["pytree_custom_metadata"] = args.custom_metadata
+        return NativeItem(tree, self.kind, opts, sizes)
+
+    def restore_from(self, location: Location, args: args_lib.CheckpointArgs | None, item: str | None = None) -> Any:
+        """Restore with ``args.item`` / ``args.restore_args`` as the target."""
+        if args is None or (getattr(args, "item", None) is None and getattr(args, "restore_args", None) is None):
+            # as Orbax: arrays saved from JAX come back on their saved shardings (JAX loaded)
+            return restore(location, saved_sharding_target(location, item), item=item)
+        if isinstance(args, args_lib.PyTreeRestore):
+            if args.transforms is not None or args.legacy_transform_fn is not None:
+                raise UnsupportedError("PyTreeRestore(transforms=...) is not supported; restore, then transform")
+            cache: dict[str, Any] = {}
+
+            def stored(names: tuple[str, ...]) -> Any:
+                if "tree" not in cache:
+                    cache["tree"] = metadata(location, item=item)
+                node = cache["tree"]
+                for n in names:
+                    node = node[int(n)] if isinstance(node, (list, tuple)) else node[n]
+                return node
+
+            target = restore_target(args.item, args.restore_args, stored)
+        elif isinstance(args, args_lib.StandardRestore):
+            target = args.item
+        else:
+            raise TypeError(f"{type(self).__name__} restores {self.restore_args.__name__}, not {type(args).__name__}")
+        return restore(location, target, item=item)
+
+
+class StandardCheckpointHandler(PyTreeCheckpointHandler):
+    """Trees of arrays and scalars (``StandardSave``/``StandardRestore``)."""
+
+    save_args = args_lib.StandardSave
+    restore_args = args_lib.StandardRestore
+    kind = "standard"
+
+    def __init__(self, *, use_ocdbt: bool = True, **ignored: Any):
+        super().__init__(use_ocdbt=use_ocdbt)
+
+    def to_native(self, args: args_lib.CheckpointArgs) -> NativeItem:
+        """The item (cast per ``save_args``) and chunk sizes."""
+        if not isinstance(args, args_lib.StandardSave):
+            raise TypeError(f"StandardCheckpointHandler saves StandardSave, not {type(args).__name__}")
+        flat, rebuild = flatten_with_names(args.item)
+        if any(_array_like_scalar(v) for _, v in flat):
+            # as Orbax's StandardSave: array-likes (NumPy scalars) are saved as 0-d arrays
+            item = rebuild([np.asarray(v) if _array_like_scalar(v) else v for _, v in flat])
+            args = dataclasses.replace(args, item=item)
+        return super().to_native(args)
+
+
+def _array_like_scalar(x: Any) -> bool:
+    return isinstance(x, np.generic) and hasattr(x, "__array__")
+
+
+class JsonCheckpointHandler(CheckpointHandler):
+    """A JSON object in the file ``filename`` (default ``metadata``) of the item directory."""
+
+    save_args = args_lib.JsonSave
+    restore_args = args_lib.JsonRestore
+
+    def __init__(self, filename: str | None = None, **ignored: Any):
+        self.filename = filename or "metadata"
+
+    def start_save(self, directory: Location, args: args_lib.CheckpointArgs, *, force: bool,
+                   custom_metadata: dict[str, Any] | None, blocking: bool) -> SaveHandle:
+        """Refused: ocdbt_py writes JSON only as an item of a composite checkpoint."""
+        raise UnsupportedError("a bare JSON checkpoint is not written by ocdbt_py; use a Composite item")
+
+    def to_native(self, args: args_lib.CheckpointArgs) -> NativeItem:
+        """A :class:`JsonItem`."""
+        if not isinstance(args, args_lib.JsonSave):
+            raise TypeError(f"JsonCheckpointHandler saves JsonSave, not {type(args).__name__}")
+        return NativeItem(JsonItem(args.item, filename=self.filename))
+
+
+def handler_for_args(a: Any) -> CheckpointHandler:
+    """The handler Orbax registers for an argument class (for items without a handler)."""
+    if isinstance(a, (args_lib.StandardSave, args_lib.StandardRestore)):
+        return StandardCheckpointHandler()
+    if isinstance(a, (args_lib.PyTreeSave, args_lib.PyTreeRestore)):
+        return PyTreeCheckpointHandler()
+    if isinstance(a, (args_lib.JsonSave, args_lib.JsonRestore)):
+        return JsonCheckpointHandler()
+    raise UnsupportedError(f"ocdbt_py.orbax has no handler for {type(a).__name__}")
+
+
+class CompositeCheckpointHandler(CheckpointHandler):
+    """Several named items in one step directory (``Composite`` arguments)."""
+
+    save_args = args_lib.Composite
+    restore_args = args_lib.Composite
+
+    def __init__(self, *item_names: str, composite_options: Any = None, handler_registry: Any = None,
+                 **items_and_handlers: CheckpointHandler):
+        self.handlers: dict[str, CheckpointHandler | None] = {n: None for n in item_names}
+        self.handlers.update(items_and_handlers)
+
+    def handler(self, name: str, a: Any) -> CheckpointHandler:
+        """The handler of item ``name`` (registered, or inferred from its argument ``a``)."""
+        h = self.handlers.get(name)
+        if h is None:
+            if a is None:
+                return CheckpointHandler()
+            h = handler_for_args(a)
+            self.handlers[name] = h
+        return h
+
+    def start_save(self, directory: Location, args: args_lib.CheckpointArgs, *, force: bool,
+                   custom_metadata: dict[str, Any] | None, blocking: bool) -> SaveHandle:
+        """Start writing a step directory with one directory per item of ``args``."""
+        if not isinstance(args, args_lib.Composite):
+            raise TypeError(f"a composite save takes ocp.args.Composite, not {type(args).__name__}")
+        items, options = self.to_native_items(args)
+        return save(directory, items, composite=True, force=force, custom_metadata=custom_metadata,
+                    blocking=blocking, **options)
+
+    def to_native_items(self, args: args_lib.Composite) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``({item: tree or JsonItem}, save options)`` for a composite save."""
+        if not isinstance(args, args_lib.Composite):
+            raise TypeError(f"a composite save takes ocp.args.Composite, not {type(args).__name__}")
+        items: dict[str, Any] = {}
+        kinds: dict[str, str] = {}
+        sizes: dict[str, int] = {}
+        options: dict[str, Any] = {}
+        for name, a in args.items():
+            if a is None:
+                continue
+            native = self.handler(name, a).to_native(a)
+            items[name] = native.value
+            if native.kind is not None:
+                kinds[name] = native.kind
+            sizes.update({f"{name}/{p}": s for p, s in native.chunk_sizes.items()})
+            for k, v in native.options.items():
+                if k in options and options[k] != v:
+                    raise UnsupportedError(f"items of one step disagree on {k} ({options[k]!r} vs {v!r}); "
+                                           "ocdbt_py applies one value to the whole step")
+                options[k] = v
+        if kinds:
+            options["handler"] = kinds
+        if sizes:
+            options["leaf_chunk_byte_sizes"] = sizes
+        return items, options
+
+    def restore_items(self, location: Location, args: args_lib.Composite | None,
+                      available: list[str]) -> args_lib.Composite:
+        """Restore the items named by ``args`` (all available items without args)."""
+        wanted = dict(args.items()) if args is not None and len(args) else {n: None for n in available}
+        out = {}
+        for name, a in wanted.items():
+            out[name] = self.handler(name, a).restore_from(location, a, item=name)
+        return args_lib.Composite(**out)

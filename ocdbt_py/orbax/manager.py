@@ -1,0 +1,515 @@
+"""``ocp.CheckpointManager`` with Orbax's options and semantics, over the native manager.
+
+The native :class:`ocdbt_py.checkpoint.manager.CheckpointManager` writes, lists, restores
+and deletes steps; this class keeps Orbax's bookkeeping on top: the list of tracked
+checkpoints (a step counts from the moment its save starts), Orbax's save decision and
+preservation policies (asked with that list, so ``BestN`` may delete the step just saved),
+deletions after the commit, default-item mode and ``Composite`` arguments and results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import pathlib
+import threading
+from collections.abc import Callable, Container, Mapping, Sequence
+from typing import Any
+
+from ocdbt_py.checkpoint.manager.manager import CheckpointManager as NativeManager
+from ocdbt_py.checkpoint.manager.naming import StepNameFormat
+from ocdbt_py.checkpoint.manager.save_policy import SpecificSteps
+from ocdbt_py.checkpoint.meta import list_steps
+from ocdbt_py.checkpoint.restore.api import resolve
+from ocdbt_py.errors import NotFoundError, StorageError, UnsupportedError
+from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.prefixed import PrefixStore
+from ocdbt_py.orbax import args as args_lib
+from ocdbt_py.orbax import utils
+from ocdbt_py.orbax.checkpoint_managers import preservation_policy as pp
+from ocdbt_py.orbax.checkpoint_managers import save_decision_policy as sdp
+from ocdbt_py.orbax.handlers import CheckpointHandler, CompositeCheckpointHandler
+from ocdbt_py.orbax.metadata import (
+    RootMetadata,
+    StepMetadata,
+    read_root_metadata,
+    step_metadata,
+    write_root_metadata,
+)
+from ocdbt_py.orbax.options import AsyncOptions, FileOptions, MultiprocessingOptions
+
+__all__ = ["CheckpointManager", "CheckpointManagerOptions", "CheckpointInfo", "StepAlreadyExistsError",
+           "DEFAULT_ITEM_NAME", "METRIC_ITEM_NAME"]
+
+DEFAULT_ITEM_NAME = "default"
+METRIC_ITEM_NAME = "metrics"
+
+
+class StepAlreadyExistsError(ValueError):
+    """``save`` was asked to write a step the manager already tracks."""
+
+
+@dataclasses.dataclass
+class CheckpointInfo:
+    """A tracked checkpoint: ``step``, ``time`` (UTC; the save's start, or the commit time of
+    a step found on storage) and ``metrics``."""
+
+    step: int
+    time: datetime.datetime
+    metrics: Any = None
+
+
+@dataclasses.dataclass
+class CheckpointManagerOptions:
+    """Orbax's manager options (same names and defaults; see ``spec/orbax-api.md`` for the few
+    that are accepted and ignored)."""
+
+    save_interval_steps: int = 1
+    max_to_keep: int | None = None
+    keep_time_interval: datetime.timedelta | None = None
+    keep_period: int | None = None
+    best_fn: Callable[[Any], float] | None = None
+    best_mode: str = "max"
+    keep_checkpoints_without_metrics: bool = True
+    step_prefix: str | None = None
+    step_format_fixed_length: int | None = None
+    step_name_format: Any = None
+    create: bool = True
+    cleanup_tmp_directories: bool = False
+    save_on_steps: Container[int] | None = None
+    single_host_load_and_broadcast: bool = False
+    todelete_subdir: str | None = None
+    todelete_full_path: str | None = None
+    enable_background_delete: bool = False
+    num_deletion_threads: int | None = None
+    read_only: bool = False
+    enable_async_checkpointing: bool = True
+    async_options: AsyncOptions | None = None
+    multiprocessing_options: MultiprocessingOptions = dataclasses.field(default_factory=MultiprocessingOptions)
+    should_save_fn: Callable[[int, int | None], bool] | None = None
+    file_options: FileOptions = dataclasses.field(default_factory=FileOptions)
+    atomicity_options: Any = None
+    save_root_metadata: bool = True
+    temporary_path_class: Any = None
+    save_decision_policy: sdp.SaveDecisionPolicy | None = None
+    preservation_policy: pp.PreservationPolicy | None = None
+    prevent_write_metrics: bool = False
+    enable_should_save_is_saving_in_progress_check: bool = True
+    enable_per_process_directory_creation: bool = False
+    lightweight_initialize: bool = False
+
+    def __post_init__(self) -> None:
+        if self.best_mode not in ("min", "max"):
+            raise ValueError(f"`CheckpointManagerOptions.best_mode` must be one of None, 'min' or 'max'. "
+                             f"Got {self.best_mode}.")
+        if self.preservation_policy is None and self.max_to_keep is not None and self.max_to_keep < 0:
+            raise ValueError("Setting of `max_to_keep` must be None or non-negative.")
+        if self.read_only:  # as Orbax: a read-only manager neither saves nor deletes
+            self.save_interval_steps = 0
+            self.max_to_keep = self.keep_time_interval = self.keep_period = None
+            self.create = self.cleanup_tmp_directories = False
+            self.save_on_steps = None
+            self.todelete_subdir = self.todelete_full_path = None
+            self.should_save_fn = None
+        if self.todelete_full_path is not None:
+            raise UnsupportedError("todelete_full_path (a GCS bucket-relative trash path) is not supported; "
+                                   "use todelete_subdir")
+        if self.todelete_subdir is not None and self.todelete_full_path is not None:
+            raise ValueError("todelete_subdir and todelete_full_path both cannot be set togther")
+        self.save_on_steps = frozenset(self.save_on_steps or ())  # type: ignore[call-overload]
+
+
+def _should_save_fn_policy(fn: Callable[[int, int | None], bool]) -> sdp.SaveDecisionPolicy:
+    class _ShouldSaveFn:
+        def should_save(self, step: Any, previous_steps: Sequence[Any], *, context: Any) -> bool:
+            return bool(fn(step.step, previous_steps[-1].step if previous_steps else None))
+
+    return _ShouldSaveFn()
+
+
+def default_save_decision_policy(o: CheckpointManagerOptions) -> sdp.SaveDecisionPolicy:
+    """The policy Orbax builds from ``save_interval_steps``/``save_on_steps``/``should_save_fn``."""
+    policies: list[Any] = []
+    if o.should_save_fn is not None:
+        policies += [_should_save_fn_policy(o.should_save_fn), sdp.PreemptionCheckpointingPolicy()]
+    else:
+        if o.save_interval_steps is not None:
+            policies.append(sdp.FixedIntervalPolicy(o.save_interval_steps))
+        if o.save_on_steps is not None:
+            policies.append(sdp.SpecificStepsPolicy(o.save_on_steps))
+        policies += [sdp.PreemptionCheckpointingPolicy(), sdp.InitialSavePolicy()]
+    return sdp.AnySavePolicy(policies)
+
+
+def default_preservation_policy(o: CheckpointManagerOptions) -> pp.PreservationPolicy:
+    """The policy Orbax builds from ``max_to_keep``/``keep_period``/``keep_time_interval``/``best_fn``."""
+    policies: list[Any] = []
+    if o.keep_period is not None:
+        policies.append(pp.EveryNSteps(o.keep_period))
+    if o.keep_time_interval is not None:
+        policies.append(pp.EveryNSeconds(interval_secs=int(o.keep_time_interval.total_seconds())))
+    if o.best_fn is not None:
+        policies.append(pp.BestN(get_metric_fn=o.best_fn, reverse=o.best_mode == "min", n=o.max_to_keep,
+                                 keep_checkpoints_without_metrics=o.keep_checkpoints_without_metrics))
+    else:
+        policies.append(pp.LatestN(n=o.max_to_keep))
+    return pp.AnyPreservationPolicy(policies)
+
+
+def _utc(seconds: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(tz=datetime.timezone.utc)
+
+
+class CheckpointManager:
+    """Orbax's ``CheckpointManager(directory, item_names=..., item_handlers=..., options=...)``.
+
+    ``storage_options`` (not in Orbax) go to fsspec for URLs.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str] | KvStore, checkpointers: Any = None,
+                 options: CheckpointManagerOptions | None = None, metadata: Mapping[str, Any] | None = None,
+                 item_names: Sequence[str] | None = None,
+                 item_handlers: CheckpointHandler | Mapping[str, CheckpointHandler] | None = None,
+                 logger: Any = None, handler_registry: Any = None, *,
+                 storage_options: dict[str, Any] | None = None):
+        if checkpointers is not None:
+            raise UnsupportedError("the legacy `checkpointers` argument is not supported; use item_names/item_handlers "
+                                   "and args=")
+        self._options = o = options or CheckpointManagerOptions()
+        fmt = self._name_format(o)
+        self._native = NativeManager(directory, save_policy=SpecificSteps(()), preservation=None,
+                                     async_save=o.enable_async_checkpointing, step_name_format=fmt,
+                                     storage_options=storage_options, cleanup=o.cleanup_tmp_directories,
+                                     read_only=o.read_only)
+        self._default: bool | None = None
+        handlers: dict[str, CheckpointHandler] = {}
+        if item_names is not None:
+            self._default = False
+        if isinstance(item_handlers, CheckpointHandler):
+            self._default = True
+            handlers[DEFAULT_ITEM_NAME] = item_handlers
+        elif item_handlers is not None:
+            self._default = False
+            handlers.update(item_handlers)
+        self._handler = CompositeCheckpointHandler(*(item_names or ()), **handlers)
+        self._save_policy = o.save_decision_policy or default_save_decision_policy(o)
+        self._preservation = o.preservation_policy or default_preservation_policy(o)
+        self._root_metadata: RootMetadata | None = None
+        if metadata is not None and o.save_root_metadata and not o.read_only and self._native.is_primary:
+            write_root_metadata(self._native.kv, dict(metadata))
+        self._lock = threading.Lock()
+        self._checkpoints: list[CheckpointInfo] = []
+        self._saving = False
+        self._finalizer: threading.Thread | None = None
+        self._finalize_error: BaseException | None = None
+        self._finalize_step: int | None = None
+        self.reload()
+
+    @staticmethod
+    def _name_format(o: CheckpointManagerOptions) -> StepNameFormat:
+        if o.step_name_format is None:
+            return StepNameFormat(o.step_prefix, o.step_format_fixed_length)
+        if isinstance(o.step_name_format, StepNameFormat):
+            return o.step_name_format
+        raise UnsupportedError("Orbax NameFormat objects are not supported; use step_prefix/step_format_fixed_length "
+                               "or ocdbt_py.checkpoint.manager.StepNameFormat")
+
+    # ---- queries --------------------------------------------------------------------------
+
+    @property
+    def directory(self) -> Any:
+        """The root: a ``pathlib.Path`` for local directories, else the URL."""
+        url = self._native.root
+        if "://" not in url:
+            return pathlib.Path(url)
+        if url.startswith("file://"):
+            return pathlib.Path(url[len("file://"):])
+        return url
+
+    def reload(self) -> None:
+        """Re-read the steps on storage."""
+        self._native.reload()
+        infos = []
+        for s in self._native.all_steps():
+            info = self._native.step_info(s)
+            metrics = dict(info.metrics) if info.metrics is not None else None
+            infos.append(CheckpointInfo(s, _utc(info.time), metrics))
+        with self._lock:
+            self._checkpoints = infos
+
+    def all_steps(self, read: bool = False) -> Sequence[int]:
+        """The tracked steps, oldest first (a step being saved counts)."""
+        if read:
+            self.reload()
+        with self._lock:
+            return [c.step for c in self._checkpoints]
+
+    def latest_step(self) -> int | None:
+        """The newest tracked step, or ``None``."""
+        with self._lock:
+            return self._checkpoints[-1].step if self._checkpoints else None
+
+    @property
+    def _track_best(self) -> bool:
+        return self._options.best_fn is not None
+
+    def best_step(self) -> int | None:
+        """The best step by ``best_fn``/``best_mode`` (the latest step without ``best_fn``)."""
+        if not self._track_best:
+            return self.latest_step()
+        with self._lock:
+            scored = [c for c in self._checkpoints if c.metrics is not None]
+        if not scored:
+            return None
+        fn = self._options.best_fn
+        assert fn is not None
+        scored.sort(key=lambda c: fn(c.metrics), reverse=self._options.best_mode == "min")
+        return scored[-1].step
+
+    def metrics(self, step: int) -> Any:
+        """The metrics stored with ``step`` (``None`` if none)."""
+        try:
+            m = self._native.metrics(step)
+        except NotFoundError:
+            return None
+        return dict(m) if m is not None else None
+
+    def is_saving_in_progress(self) -> bool:
+        """Whether a save has not finished (commit and deletions)."""
+        return self._saving
+
+    def reached_preemption(self, step: int) -> bool:
+        """Whether JAX's preemption sync point is reached (multi-process JAX jobs only)."""
+        return utils.reached_preemption(step)
+
+    def should_save(self, step: int) -> bool:
+        """Whether ``save(step, ...)`` saves: the save decision policy, asked with the tracked
+        checkpoints, after the step is newer than the latest."""
+        if self._options.read_only:
+            return False
+        last = self.latest_step()
+        if last is not None and last >= step:
+            return False
+        busy = self.is_saving_in_progress() if self._options.enable_should_save_is_saving_in_progress_check else False
+        ctx = sdp.DecisionContext(is_saving_in_progress=busy, reached_preemption=self.reached_preemption(step),
+                                  multiprocessing_options=self._options.multiprocessing_options)
+        with self._lock:
+            previous = list(self._checkpoints)
+        return bool(self._save_policy.should_save(CheckpointInfo(step, _now(), None), previous_steps=previous,
+                                                  context=ctx))
+
+    # ---- saving ---------------------------------------------------------------------------
+
+    def _composite_args(self, args: Any) -> args_lib.Composite:
+        if not isinstance(args, args_lib.CheckpointArgs):
+            raise ValueError(f"Expected args of type `CheckpointArgs`; found {type(args)}.")
+        if self._default is None:
+            self._default = not isinstance(args, args_lib.Composite)
+        if self._default:
+            if isinstance(args, args_lib.Composite):
+                raise ValueError("Cannot provide `args` of type `Composite` when dealing with a single, unnamed "
+                                 "(default) checkpointable object.")
+            return args_lib.Composite(**{DEFAULT_ITEM_NAME: args})
+        if not isinstance(args, args_lib.Composite):
+            raise ValueError("Must provide `args` of type `Composite` when dealing with multiple checkpointable "
+                             "objects.")
+        return args
+
+    def save(self, step: int, items: Any = None, save_kwargs: Any = None, metrics: Any = None,
+             force: bool | None = False, args: args_lib.CheckpointArgs | None = None,
+             custom_metadata: dict[str, Any] | None = None) -> bool:
+        """Save ``args`` as ``step`` if the save decision policy says so (or ``force``)."""
+        if items is not None or save_kwargs is not None:
+            raise UnsupportedError("the legacy `items`/`save_kwargs` arguments are not supported; use args=")
+        if args is None:
+            raise ValueError("Must provide `args` for `save`.")
+        cargs = self._composite_args(args)
+        if not force and not self.should_save(step):
+            return False
+        if self._options.read_only:
+            return False
+        self.wait_until_finished()
+        if step in self.all_steps():
+            raise StepAlreadyExistsError(f"Checkpoint for step {step} already exists.")
+        natives, opts = self._handler.to_native_items(cargs)
+        write = metrics is not None and self._track_best and not self._options.prevent_write_metrics
+        self._saving = True
+        try:
+            self._native.save(step, natives, metrics=metrics if write else None, force=True,
+                              custom_metadata=custom_metadata, save_options=opts)
+        except BaseException:
+            self._saving = False
+            raise
+        with self._lock:
+            self._checkpoints.append(CheckpointInfo(step, _now(), metrics))
+            flags = self._preservation.should_preserve(list(self._checkpoints), context=pp.PreservationContext())
+            remove = [c.step for c, keep in zip(self._checkpoints, flags) if not keep]
+            self._checkpoints = [c for c in self._checkpoints if c.step not in remove]
+        self._finalize_step = step
+        if self._options.enable_async_checkpointing:
+            t = threading.Thread(target=self._finalize, args=(remove,), name=f"ocdbt-orbax-finalize:{step}")
+            self._finalizer = t
+            t.start()
+        else:
+            self._finalize(remove)
+            self._raise_finalize_error()
+        return True
+
+    def _finalize(self, remove: list[int]) -> None:
+        try:
+            self._native.wait_until_finished()
+            for s in remove:
+                self._delete_stored(s)
+            cb = self._options.async_options.post_finalization_callback if self._options.async_options else None
+            if cb is not None:
+                cb()
+        except BaseException as e:  # noqa: BLE001 - raised by wait_until_finished
+            self._finalize_error = e
+        finally:
+            self._saving = False
+
+    def _delete_stored(self, step: int) -> None:
+        sub = self._options.todelete_subdir
+        if sub is not None and self._native.is_primary:
+            self._move_to_subdir(step, sub)
+        try:
+            self._native.delete(step)
+        except NotFoundError:
+            pass  # already gone (deleted by someone else)
+
+    def _move_to_subdir(self, step: int, sub: str) -> None:
+        """``todelete_subdir``: keep the step under ``<root>/<sub>/`` (renamed on local disks,
+        copied elsewhere); the native delete then removes whatever is left."""
+        name = self._native.step_name_format.name(step)
+        kv = self._native.kv
+        src, dst_dir = kv.local_path(name), kv.local_path(sub)
+        if src is not None and dst_dir is not None:
+            os.makedirs(dst_dir, exist_ok=True)
+            try:
+                os.rename(src, os.path.join(dst_dir, name))
+            except OSError as e:
+                raise StorageError(f"cannot move {src} into {dst_dir}: {e}") from e
+            return
+        for key in list(kv.list(f"{name}/")):
+            data = kv.get(key)
+            if data is not None:
+                kv.set(f"{sub}/{key}", data)
+
+    def _raise_finalize_error(self) -> None:
+        err, self._finalize_error = self._finalize_error, None
+        if err is not None:
+            step = self._finalize_step
+            with self._lock:
+                self._checkpoints = [c for c in self._checkpoints if c.step != step]
+            raise err
+
+    def wait_until_finished(self) -> None:
+        """Block until the last save is committed and its deletions done; raise its error."""
+        t = self._finalizer
+        if t is not None:
+            t.join()
+            self._finalizer = None
+        self._raise_finalize_error()
+
+    def check_for_errors(self) -> None:
+        """Raise the error of a finished background save, if any."""
+        t = self._finalizer
+        if t is not None and not t.is_alive():
+            self.wait_until_finished()
+        self._native.check_for_errors()
+
+    def delete(self, step: int) -> None:
+        """Delete a tracked step."""
+        if self._options.read_only:
+            return
+        if step not in self.all_steps():
+            raise FileNotFoundError(f"Requested deleting a non-existent step: {step}.")
+        self._delete_stored(step)
+        with self._lock:
+            self._checkpoints = [c for c in self._checkpoints if c.step != step]
+
+    # ---- restoring ------------------------------------------------------------------------
+
+    def _step_location(self, step: int, directory: Any) -> Any:
+        if directory is not None:
+            return f"{os.fspath(directory).rstrip('/')}/{self._native.step_name_format.name(step)}"
+        if step in self.all_steps() and step not in self._native.all_steps():
+            self.wait_until_finished()  # the step is still being committed
+        if step not in self._native.all_steps():
+            raise FileNotFoundError(f"No step {step} in {self._native.root} (steps: {self.all_steps()})")
+        return PrefixStore(self._native.kv, self._native.step_name_format.name(step))
+
+    def _available(self, location: Any) -> list[str]:
+        return [n for n in resolve(location).items() if n != METRIC_ITEM_NAME]
+
+    def restore(self, step: int | None, items: Any = None, restore_kwargs: Any = None,
+                directory: Any = None, args: args_lib.CheckpointArgs | None = None) -> Any:
+        """Restore ``step`` (``None``: the latest); a single item in default mode, else a
+        ``Composite`` by item name."""
+        if items is not None or restore_kwargs is not None:
+            raise UnsupportedError("the legacy `items`/`restore_kwargs` arguments are not supported; use args=")
+        if step is None:
+            if directory is None:
+                step = self.latest_step()
+            else:
+                found = [s.step for s in list_steps(directory)]
+                step = max(found) if found else None
+            if step is None:
+                raise FileNotFoundError(f"No steps found in {directory or self.directory}.")
+        location = self._step_location(step, directory)
+        available = self._available(location)
+        if self._default is None:
+            self._default = DEFAULT_ITEM_NAME in available and not isinstance(args, args_lib.Composite)
+        cargs = None if args is None else self._composite_args(args)
+        if cargs is None and self._default:
+            cargs = args_lib.Composite(**{DEFAULT_ITEM_NAME: None})
+        result = self._handler.restore_items(location, cargs, available)
+        return result[DEFAULT_ITEM_NAME] if self._default else result
+
+    def metadata(self, step: int | None = None) -> StepMetadata | RootMetadata:
+        """A step's :class:`StepMetadata`, or (no step) the manager's :class:`RootMetadata`."""
+        if step is None:
+            if self._root_metadata is None:
+                self._root_metadata = read_root_metadata(self._native.kv)
+            return self._root_metadata
+        location = self._step_location(step, None)
+        if self._default is None:
+            self._default = DEFAULT_ITEM_NAME in self._available(location)
+        meta = step_metadata(location, composite=True)
+        if self._default:
+            meta.item_metadata = meta.item_metadata[DEFAULT_ITEM_NAME]
+        m = self.metrics(step)
+        if m is not None:
+            meta.metrics = m
+        return meta
+
+    def item_metadata(self, step: int) -> Any:
+        """The items' tree metadata (``metadata(step).item_metadata``)."""
+        if step is None:
+            raise ValueError("`step` must be provided.")
+        meta = self.metadata(step)
+        assert isinstance(meta, StepMetadata)
+        return meta.item_metadata
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Wait for outstanding saves, then release the manager."""
+        try:
+            self.wait_until_finished()
+        finally:
+            self._native.close()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ocdbt_py.orbax.CheckpointManager {self._native.root} steps={self.all_steps()}>"

@@ -1,0 +1,117 @@
+"""The one owner of ocdbt-py's thread pools and their sizes.
+
+Every layer that runs work on threads asks here instead of making its own executor:
+
+* :func:`shared` gives a process-wide pool by purpose, created on first use and kept (starting
+  threads costs milliseconds per call): ``"io"`` for blocking storage requests, ``"compute"``
+  for codec work (one thread per core), ``"copy"`` for host copies of async saves.
+* :func:`map_concurrently` runs a function over items on a shared pool with bounded
+  concurrency and returns the results in order.  Called from a thread of that same pool it
+  runs inline instead, so nested use can never exhaust the pool and deadlock.
+* :func:`dedicated` makes a private executor whose threads belong to one owner (a store's
+  HTTP connections, one save's encoder threads), sized from the same table.
+
+Sizes live in :data:`SIZES`; ``OCDBT_PY_THREADS_<PURPOSE>`` (e.g. ``OCDBT_PY_THREADS_IO=32``)
+overrides one before its pool is first used.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+__all__ = ["SIZES", "size", "shared", "dedicated", "map_concurrently", "in_pool"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: Threads per purpose.  ``io``: blocking requests that mostly wait (network, disk);
+#: ``compute``: codec work that releases the GIL; ``copy``: memcpy-bound host copies;
+#: ``http``: one object store's keep-alive connections; ``save``: one save's encoders;
+#: ``fsync``: syncing the files of a commit; ``read``: regions of one restore read in parallel
+#: (each may wait on ``io`` and ``compute`` work, so it has its own pool).
+SIZES: dict[str, int] = {
+    "io": 16,
+    "compute": max(1, os.cpu_count() or 1),
+    "copy": 4,
+    "http": 16,
+    "save": max(1, os.cpu_count() or 1),
+    "fsync": 8,
+    "read": 4,
+}
+
+_lock = threading.Lock()
+_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+_local = threading.local()
+
+
+def size(purpose: str) -> int:
+    """The configured number of threads for ``purpose`` (environment override first)."""
+    env = os.environ.get(f"OCDBT_PY_THREADS_{purpose.upper()}")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            pass
+    return SIZES[purpose]
+
+
+def _mark(purpose: str) -> None:
+    _local.purpose = purpose
+
+
+def dedicated(purpose: str, workers: int | None = None, *, name: str | None = None
+              ) -> concurrent.futures.ThreadPoolExecutor:
+    """A new executor of ``workers`` threads (default: the size of ``purpose``) that its
+    caller owns and shuts down."""
+    n = max(1, workers if workers is not None else size(purpose))
+    return concurrent.futures.ThreadPoolExecutor(
+        n, thread_name_prefix=f"ocdbt-{name or purpose}", initializer=_mark, initargs=(purpose,))
+
+
+def shared(purpose: str) -> concurrent.futures.ThreadPoolExecutor:
+    """The process-wide pool for ``purpose`` (created on first use, never shut down)."""
+    with _lock:
+        pool = _pools.get(purpose)
+        if pool is None:
+            pool = _pools[purpose] = dedicated(purpose)
+        return pool
+
+
+def in_pool(purpose: str) -> bool:
+    """Whether the calling thread is a thread of a pool for ``purpose``."""
+    return getattr(_local, "purpose", None) == purpose
+
+
+def map_concurrently(fn: Callable[[T], R], items: Iterable[T], *, purpose: str = "io",
+                     limit: int | None = None) -> list[R]:
+    """``[fn(x) for x in items]``, run on the shared pool for ``purpose`` with at most
+    ``limit`` (default: the pool's size) calls at once.  Runs inline for a single item or
+    when called from a thread of that pool (nested use never waits on its own pool)."""
+    todo = list(items)
+    if len(todo) <= 1 or in_pool(purpose):
+        return [fn(x) for x in todo]
+    n = min(limit or size(purpose), len(todo))
+    pool = shared(purpose)
+    if n >= len(todo):
+        return list(pool.map(fn, todo))
+    sem = threading.BoundedSemaphore(n)
+
+    def run(x: T) -> R:
+        try:
+            return fn(x)
+        finally:
+            sem.release()
+
+    futures: list[concurrent.futures.Future[R]] = []
+    try:
+        for x in todo:
+            sem.acquire()
+            futures.append(pool.submit(run, x))
+        return [f.result() for f in futures]
+    finally:
+        for f in futures:
+            f.cancel()

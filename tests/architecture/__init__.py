@@ -1,0 +1,1 @@
+"""Checks of the project's structure: layers, import graph, module and function sizes."""

@@ -1,0 +1,159 @@
+"""The structure ``spec/architecture.md`` describes, checked on the source.
+
+Layers point one way, there are no import cycles (function-level imports included), the pure
+codecs import nothing but themselves and the errors, nothing outside ``cli/`` imports ``cli/``,
+no layer above ``kvstore/`` tests for concrete store types, ``checkpoint/`` keeps few loose
+modules and no function grows past 100 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import imports  # noqa: E402  (the graph reader beside this file)
+
+#: Each layer may import its own modules and layers of a lower rank, never a higher one nor
+#: another layer of the same rank.  A new top-level package or module must be placed here.
+RANK: dict[str, float] = {
+    "ocdbt_py.errors": 0,
+    "ocdbt_py.pools": 0,
+    "ocdbt_py.timeutil": 0,
+    "ocdbt_py.keys": 0,
+    "ocdbt_py.format": 1,
+    "ocdbt_py.kvstore": 1.5,
+    "ocdbt_py.read": 2,
+    "ocdbt_py.testing": 2,
+    "zarr3": 2,
+    "ocdbt_py.write": 3,
+    "ocdbt_py.store": 4,
+    "ocdbt_py": 4.5,  # the package's own facade: open, OcdbtStore, the errors
+    "ocdbt_py.maintenance": 5,
+    "ocdbt_py.checkpoint": 6,
+    "ocdbt_py.bridges": 7,
+    "ocdbt_py.inspect": 7,
+    "ocdbt_py.orbax": 7.5,
+    "ocdbt_py.cli": 8,
+    "ocdbt_py.demo": 8,
+}
+
+CONCRETE_STORES = {
+    "LocalStore", "FsspecStore", "PrefixStore", "MemoryStore", "ObjectStore", "S3Store", "GcsStore",
+    "AzureStore", "SingleWriterStore", "LatencyStore", "FaultyStore", "OcdbtKvStore",
+}
+
+EDGES = imports.edges()
+MODULES = imports.modules()
+
+
+def layer(module: str) -> str:
+    """The layer a module belongs to (the longest :data:`RANK` key that prefixes it)."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        name = ".".join(parts[:n])
+        if name in RANK:
+            return name
+    raise AssertionError(f"{module} belongs to no layer: add its package to RANK in {__file__}")
+
+
+def test_every_module_has_a_layer() -> None:
+    for m in MODULES:
+        layer(m)
+
+
+def test_no_import_cycles() -> None:
+    assert imports.cycles(EDGES) == []
+
+
+def test_layers_point_one_way() -> None:
+    bad = []
+    for e in EDGES:
+        a, b = layer(e.source), layer(e.target)
+        if a == b or (a == "ocdbt_py" and e.target == "ocdbt_py.store"):
+            continue
+        if RANK[b] >= RANK[a]:
+            bad.append(f"{e.source}:{e.line} imports {e.target} ({a} may not import {b})")
+    assert bad == []
+
+
+def test_format_imports_only_itself_and_errors() -> None:
+    bad = [e for e in EDGES if layer(e.source) == "ocdbt_py.format"
+           and layer(e.target) not in ("ocdbt_py.format", "ocdbt_py.errors")]
+    assert bad == []
+
+
+def test_nothing_outside_cli_imports_cli() -> None:
+    bad = [e for e in EDGES if layer(e.target) == "ocdbt_py.cli" and layer(e.source) != "ocdbt_py.cli"]
+    assert bad == []
+
+
+def _type_tests(tree: ast.AST) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
+            kinds = list(ast.walk(node.args[1])) if len(node.args) > 1 else []
+            names = {n.id for n in kinds if isinstance(n, ast.Name)}
+            names |= {n.attr for n in kinds if isinstance(n, ast.Attribute)}
+            hit = names & CONCRETE_STORES
+            if hit:
+                found.append((node.lineno, ", ".join(sorted(hit))))
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call) and ast.unparse(node.left.func) == "type":
+            names = {n.id for c in node.comparators for n in ast.walk(c) if isinstance(n, ast.Name)}
+            hit = names & CONCRETE_STORES
+            if hit:
+                found.append((node.lineno, ", ".join(sorted(hit))))
+    return found
+
+
+def test_no_concrete_store_type_tests_above_kvstore() -> None:
+    bad = []
+    for m, path in MODULES.items():
+        if layer(m) in ("ocdbt_py.kvstore", "ocdbt_py.testing"):
+            continue
+        for line, names in _type_tests(ast.parse(path.read_text())):
+            bad.append(f"{path.relative_to(imports.ROOT)}:{line}: {names}")
+    assert bad == [], "ask a KvStore capability instead (spec/kvstore.md)"
+
+
+def test_checkpoint_has_few_loose_modules() -> None:
+    loose = sorted(p.name for p in (imports.ROOT / "ocdbt_py" / "checkpoint").glob("*.py"))
+    assert len(loose) <= 8, loose
+
+
+@pytest.mark.parametrize("package", imports.PACKAGES)
+def test_no_function_over_100_lines(package: str) -> None:
+    long = []
+    for path in sorted((imports.ROOT / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > 100:
+                    long.append(f"{path.relative_to(imports.ROOT)}:{node.lineno} {node.name} ({n} lines)")
+    assert long == []
+
+
+#: The only modules that import JAX when imported (everything else imports it lazily, so
+#: ``import ocdbt_py.checkpoint`` and NumPy-only use never load JAX).
+JAX_MODULES = {"ocdbt_py.checkpoint.manager.replica_broadcast", "ocdbt_py.checkpoint.restore.jax_restore"}
+
+
+def test_jax_is_imported_only_where_it_is_used() -> None:
+    loads_jax = set()
+    for m, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                name = (node.module if isinstance(node, ast.ImportFrom) else node.names[0].name) or ""
+                if name.split(".")[0] in ("jax", "jaxlib"):
+                    loads_jax.add(m)
+    changed = True
+    while changed:  # modules that import those at their top, transitively
+        changed = False
+        for e in EDGES:
+            if not e.lazy and e.target in loads_jax and e.source not in loads_jax:
+                loads_jax.add(e.source)
+                changed = True
+    assert loads_jax == JAX_MODULES
