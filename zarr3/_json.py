@@ -140,10 +140,14 @@ def parse(text: str, *, allow_nan: bool = False, max_depth: int = MAX_DEPTH) -> 
     return obj
 
 
-def loads(data: bytes | str) -> Any:
+def loads(data: bytes | str, *, allow_constants: bool = False) -> Any:
     """Parse strict JSON (no NaN/Infinity literals); raises ``ValueError`` on bad input,
     including nesting deeper than :data:`MAX_DEPTH` and integers longer than
-    :data:`MAX_INT_DIGITS` digits."""
+    :data:`MAX_INT_DIGITS` digits.
+
+    ``allow_constants`` accepts the ``NaN``/``Infinity``/``-Infinity`` literals Python's
+    ``json`` writes by default (zarr-python's attributes), read as floats.
+    """
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = bytes(data).decode("utf-8")
-    return parse(data)
+    return parse(data, allow_nan=allow_constants)
