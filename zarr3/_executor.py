@@ -228,7 +228,7 @@ class LocalFetcher:
         full = validate_key(self.prefix + key)
         try:
             if self.anchor is not None:
-                fd = open_beneath(self.anchor, self._anchor_prefix + full)
+                fd = open_beneath(self.anchor, self._anchor_prefix + full, validated=True)
             else:
                 fd = os.open(os.path.join(self.root, *full.split("/")), os.O_RDONLY | getattr(os, "O_BINARY", 0))
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):

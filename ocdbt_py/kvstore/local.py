@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import ctypes
 import errno
 import hashlib
 import os
 import stat
 import struct
+import sys
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -95,20 +97,13 @@ class LocalStore(KvStore):
     # -- reading -------------------------------------------------------------------------
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
         check_range(byte_range)
+        validate_key(key)
         try:
-            dfd, name = self._dir(key)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as e:
-            raise self._fail("reading", key, e) from e
-        try:
-            fd = _open_file(dfd, name, os.O_RDONLY | getattr(os, "O_BINARY", 0), self.url, key)
+            fd = open_beneath(self.root, key, os.O_RDONLY | getattr(os, "O_BINARY", 0), url=self.url, validated=True)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
         except OSError as e:
             raise self._fail("reading", key, e) from e
-        finally:
-            os.close(dfd)
         try:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
@@ -415,12 +410,82 @@ def open_dir_beneath(root: str, names: Sequence[str], *, create: bool = False, u
     return fd
 
 
-def open_beneath(root: str, key: str, flags: int = os.O_RDONLY) -> int:
-    """Open the file ``key`` (a validated, ``/``-separated relative key) below ``root`` with
-    no symbolic link followed below ``root``; raises like :func:`open_dir_beneath`."""
-    validate_key(key)
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_RESOLVE_NO_SYMLINKS = 0x04
+_SYS_OPENAT2 = 437  # the same number on every Linux architecture (unified syscall table)
+_AT_FDCWD = -100
+_openat2: Any = None  # libc's syscall(), once found to support openat2; False: unavailable
+_real_roots: dict[str, str] = {}
+_hows: dict[int, Any] = {}  # open flags -> a reference to its (immortal) open_how
+_HOW_SIZE = ctypes.sizeof(_OpenHow)
+
+
+def _syscall() -> Any:
+    global _openat2
+    if _openat2 is None:
+        _openat2 = False
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                fn = libc.syscall
+                fn.restype = ctypes.c_long
+                fn.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
+                _openat2 = fn
+            except (OSError, AttributeError):
+                pass
+    return _openat2
+
+
+def _open_fast(root: str, key: str, flags: int) -> int | None:
+    """One ``openat2(RESOLVE_NO_SYMLINKS)`` of ``realpath(root)/key`` (Linux >= 5.6): the fd,
+    ``None`` when the fast path cannot answer (no openat2, or a link met: the caller walks to
+    say which), or the ``OSError`` of an absent or unreadable file."""
+    global _openat2
+    fn = _syscall()
+    if not fn:
+        return None
+    real = _real_roots.get(root)
+    if real is None:
+        real = os.path.realpath(root)
+        if not os.path.isdir(real):
+            return None
+        if len(_real_roots) < 4096:
+            _real_roots[root] = real
+    path = (real.rstrip("/") + "/" + key).encode("utf-8", "surrogateescape")
+    how = _hows.get(flags)
+    if how is None:
+        how = _hows[flags] = ctypes.byref(_OpenHow(flags | _CLOEXEC | _NOFOLLOW, 0, _RESOLVE_NO_SYMLINKS))
+    fd = fn(_SYS_OPENAT2, _AT_FDCWD, path, how, _HOW_SIZE)
+    if fd >= 0:
+        return int(fd)
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EPERM, errno.E2BIG, errno.EINVAL):
+        _openat2 = False  # old kernel or a sandbox: walk from now on
+        return None
+    if err in (errno.ELOOP, errno.EXDEV, errno.EAGAIN):
+        return None
+    raise OSError(err, os.strerror(err), os.fsdecode(path))
+
+
+def open_beneath(root: str, key: str, flags: int = os.O_RDONLY, *, url: str | None = None,
+                 validated: bool = False) -> int:
+    """Open the file ``key`` (a ``/``-separated relative key, checked unless ``validated``)
+    below ``root`` with no symbolic link followed below ``root``; raises like
+    :func:`open_dir_beneath`.
+
+    On Linux one ``openat2`` call with ``RESOLVE_NO_SYMLINKS`` does it; elsewhere (or when it
+    meets a link, to say which) the directories are walked with ``O_NOFOLLOW``."""
+    if not validated:
+        validate_key(key)
+    if not flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR):
+        fd = _open_fast(root, key, flags)
+        if fd is not None:
+            return fd
     parts = key.split("/")
-    url = "file://" + root
+    url = url or "file://" + root
     dfd = open_dir_beneath(root, parts[:-1], url=url)
     try:
         return _open_file(dfd, parts[-1], flags, url, key)
