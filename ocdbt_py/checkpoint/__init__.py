@@ -8,6 +8,7 @@
 >>> checkpoint.export_safetensors("/ckpts/1000/params", "hf/", max_shard_size="5GB")  # HF shards
 >>> checkpoint.import_safetensors("hf/", "/ckpts/imported")      # safetensors -> Orbax, streamed
 >>> arrays = checkpoint.to_dask("/ckpts/1000/params")            # dask.array leaves
+>>> checkpoint.copy("/old/1000", "/new/1000", use_ocdbt=True, use_zarr3=True)  # doctest: +SKIP
 
 Importing this package imports neither JAX nor TensorStore; JAX is imported only when a
 restore target contains JAX objects.  The on-disk layouts are described in ``spec/orbax.md``.
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from ocdbt_py.bridges.safetensors_export import export_safetensors
     from ocdbt_py.bridges.safetensors_import import import_safetensors
     from ocdbt_py.bridges.torch_tensors import to_torch
+    from ocdbt_py.checkpoint.convert.api import copy
     from ocdbt_py.checkpoint.export import export_npz
     from ocdbt_py.checkpoint.layout import UncommittedStepWarning
     from ocdbt_py.checkpoint.manager import CheckpointManager
@@ -51,6 +53,7 @@ __all__ = [
     "JsonItem",
     "SaveHandle",
     "CheckpointManager",
+    "copy",
 ]
 
 _WHERE = {
@@ -70,6 +73,7 @@ _WHERE = {
     "JsonItem": "ocdbt_py.checkpoint.saving.api",
     "SaveHandle": "ocdbt_py.checkpoint.saving.async_save",
     "CheckpointManager": "ocdbt_py.checkpoint.manager.manager",
+    "copy": "ocdbt_py.checkpoint.convert.api",
 }
 
 

@@ -138,14 +138,16 @@ def run(args: argparse.Namespace) -> int:
             shard = args.max_shard_size if args.max_shard_size is not None else (
                 "5GB" if fmt == "safetensors-dir" else None)
             names = export_safetensors(args.url, args.out, max_shard_size=shard, transpose=transpose or None, **kw)
+    notes = [str(w.message) for w in caught]
     if not args.quiet:
-        for w in caught:
-            sys.stderr.write(f"ocdbt: note: {w.message}\n")
+        for note in notes:
+            sys.stderr.write(f"ocdbt: note: {note}\n")
     files = _written_files(args, fmt)
     size = sum(os.path.getsize(f) for f in files)
     seconds = time.monotonic() - t0
     if args.json:
-        print_json({"tensors": len(names), "names": names, "files": files, "bytes": size, "seconds": seconds})
+        print_json({"output": args.out, "format": fmt, "tensors": len(names), "names": names, "files": files,
+                    "bytes": size, "seconds": seconds, "notes": notes})
     else:
         where = args.out if len(files) == 1 else f"{args.out} ({len(files) - 1} shards + index)"
         sys.stdout.write(f"wrote {len(names)} tensors, {human_bytes(size)} to {where} in {seconds:.1f}s\n")

@@ -13,7 +13,7 @@ from typing import Any
 
 from ocdbt_py.bridges.safetensors_format import parse_size
 from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
-from ocdbt_py.cli.options import add_common, add_json, name_map_arg, parse_storage_option, storage_options
+from ocdbt_py.cli.options import add_location, name_map_arg, parse_storage_option, storage_options
 from ocdbt_py.cli.output import print_json
 
 __all__ = ["register", "run"]
@@ -29,14 +29,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "chunks, as Orbax writes by default). Dotted tensor names become nested dicts; one tensor is in "
         "memory at a time.",
     )
-    p.add_argument("url", metavar="SRC",
-                   help="a .safetensors file, a *.safetensors.index.json, or a directory holding either "
-                   "(local path or fsspec URL; -S options apply to it)")
-    p.add_argument("-S", "--storage-option", metavar="K=V", action="append", default=[],
-                   type=parse_storage_option, dest="storage_option",
-                   help="fsspec storage option for SRC (repeatable); V is parsed as JSON when it can be")
-    add_common(p)
-    p.add_argument("dst", metavar="DST", help="the checkpoint directory to create (local path or fsspec URL)")
+    add_location(p, metavar="SRC",
+                 help="a .safetensors file, a *.safetensors.index.json, or a directory holding either "
+                 "(local path or fsspec URL; -S options apply to it)")
+    add_location(p, dest="dst", metavar="DST", must_exist=False,
+                 help="the checkpoint directory to create (local path or fsspec URL)")
     p.add_argument("--zarr3", action="store_true", help="store Zarr v3 chunks (Orbax's use_zarr3=True)")
     p.add_argument("--chunk-byte-size", default=None, metavar="SIZE",
                    help="largest chunk, as Orbax's SaveArgs.chunk_byte_size (bytes, or 64MB, 16MiB, ...)")
@@ -47,8 +44,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--force", action="store_true", help="replace an existing checkpoint at DST")
     p.add_argument("--dst-option", metavar="K=V", action="append", default=[], type=parse_storage_option,
                    help="fsspec storage option for DST (repeatable; -S applies to the source)")
-    add_json(p)
-    p.add_argument("--quiet", action="store_true", help="no notes on stderr")
     p.set_defaults(func=run)
 
 

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ocdbt_py.cli.locate import open_database
     from ocdbt_py.cli.output import out, ref_text
-    from ocdbt_py.cli.progress import Progress, want_progress
+    from ocdbt_py.cli.progress import Progress, progress_enabled
     from ocdbt_py.keys import escape_key
 
     prefix = _prefix(args)
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         to_tty = stream.isatty()
     except (AttributeError, ValueError):
         to_tty = False
-    show = want_progress(args.progress) and (args.progress or not to_tty)
+    show = progress_enabled(args) and (args.progress or not to_tty)
     total = len(db) if not prefix else None
     n = 0
     with Progress("listing", enabled=show) as bar:

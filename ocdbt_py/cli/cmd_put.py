@@ -56,6 +56,9 @@ def open_writable(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     if args.create:
         kv = open_kvstore(normalize_url(args.url), storage_options(args))
     else:
+        from ocdbt_py.cli.locate import require_location
+
+        require_location(args, fix="pass --create to create a database there")
         try:
             open_kvstore_checked(args)
         except NotFoundError as e:
@@ -75,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Set KEY to VALUE (UTF-8 text), or to the bytes of FILE with -i ('-' reads "
         "stdin), as one new generation. Prints the generation.",
     )
-    add_location(p)
+    add_location(p, must_exist=False)  # --create may make it
     add_key(p)
     p.add_argument("value", metavar="VALUE", nargs="?", default=None, help="the value as text")
     p.add_argument("-i", "--input", metavar="FILE", default=None,

@@ -36,12 +36,13 @@ def run(args: argparse.Namespace) -> int:
     from ocdbt_py.cli.errors import UsageError
     from ocdbt_py.cli.locate import open_database, open_kvstore_checked
     from ocdbt_py.cli.output import human_bytes, out, print_json
-    from ocdbt_py.cli.progress import Progress, want_progress
+    from ocdbt_py.cli.progress import Progress, progress_enabled
     from ocdbt_py.maintenance.verify import VerifyReport, verify
 
     if args.max_problems < 1:
         raise UsageError("--max-problems must be at least 1")
-    with Progress("verifying", enabled=want_progress(args.progress)) as bar:
+    with Progress("verifying", enabled=progress_enabled(args)) as bar:
+
         def progress(r: VerifyReport) -> None:
             bar.update(r.versions, r.versions_expected,
                        f"{r.versions}/{r.versions_expected} versions, {r.nodes} nodes, "

@@ -7,6 +7,8 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 
+from ocdbt_py.cli.options import add_json, add_quiet
+
 __all__ = ["add_inspect_common", "progress_callback", "check_workers", "fmt_num", "fmt_shape"]
 
 
@@ -22,8 +24,8 @@ def add_inspect_common(p: argparse.ArgumentParser, *, step: bool = True, include
     if workers:
         p.add_argument("--workers", type=int, default=None, metavar="N",
                        help="decoding threads (default: CPU count)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_quiet(p)  # both already there when add_location came first: added once
+    add_json(p)
 
 
 @contextlib.contextmanager

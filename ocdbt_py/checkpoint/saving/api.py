@@ -32,6 +32,7 @@ from ocdbt_py.checkpoint.saving.chunking import (
     choose_chunk_shape,
     chunk_byte_limit,
 )
+from ocdbt_py.checkpoint.saving.dir_writer import DirWriter, check_files_complete
 from ocdbt_py.checkpoint.saving.distributed import Coordinator, coordinator
 from ocdbt_py.checkpoint.saving.host_copy import copy_arrays, keep_arena
 from ocdbt_py.checkpoint.saving.jax_arrays import default_replica_parallel, plan_jax_array
@@ -77,6 +78,7 @@ class JsonItem:
 @dataclasses.dataclass(frozen=True)
 class _Options:
     use_zarr3: bool
+    use_ocdbt: bool
     use_compression: bool
     chunk_byte_size: int | None
     leaf_chunk_byte_sizes: Mapping[str, int]  # param name -> chunk_byte_size for that array
@@ -110,10 +112,12 @@ def _spec(name: str, shape: tuple[int, ...], dtype: np.dtype[Any], write_shape: 
           opts: _Options, item: str | None = None) -> ArraySpec:
     key = name if item is None else f"{item}/{name}"
     per_leaf = opts.leaf_chunk_byte_sizes.get(key, opts.chunk_byte_size)
-    limit = chunk_byte_limit(write_shape, dtype.itemsize, per_leaf, opts.target_data_file_size)
+    # Orbax caps chunks by the target data file size only for OCDBT
+    target = opts.target_data_file_size if opts.use_ocdbt else 0
+    limit = chunk_byte_limit(write_shape, dtype.itemsize, per_leaf, target)
     chunk = choose_chunk_shape(shape, write_shape, dtype.itemsize, limit)
     return ArraySpec(name, shape, dtype, tuple(write_shape), chunk,
-                     3 if opts.use_zarr3 else 2, opts.use_compression, opts.checksum)
+                     3 if opts.use_zarr3 else 2, opts.use_compression, checksum=opts.checksum)
 
 
 def _host_array(value: Any, where: str) -> np.ndarray:
@@ -200,39 +204,49 @@ def _plan_item(name: str | None, tree: Any, coord: Coordinator, opts: _Options, 
 
 def _write_process_part(item_kv: KvStore, plan: _ItemPlan, coord: Coordinator, opts: _Options
                         ) -> dict[bytes, Any] | None:
-    """Step 3 for one item: this process's database and array metadata file."""
-    writer = ProcessWriter(item_kv, coord.process_index,
-                           target_data_file_size=opts.target_data_file_size, sync=opts.sync)
+    """Step 3 for one item: this process's database (or files, per-parameter layout) and its
+    array metadata file."""
+    writer: ProcessWriter | DirWriter
+    if opts.use_ocdbt:
+        writer = ProcessWriter(item_kv, coord.process_index,
+                               target_data_file_size=opts.target_data_file_size, sync=opts.sync)
+    else:
+        writer = DirWriter(item_kv, sync=opts.sync)
     try:
         for spec in plan.metadata_specs:
             writer.put(spec.metadata_key, spec.metadata_bytes())
         writer.run(writer.tasks(plan.jobs), opts.workers)
     except BaseException:
-        writer.pool.abort()
+        writer.abort()
         raise
     writer.finish()
     if plan.array_metadatas:
         item_kv.set(f"{layout_writer.ARRAY_METADATAS}/process_{coord.process_index}",
                     layout_writer.array_metadatas_file(plan.array_metadatas))
+    if isinstance(writer, DirWriter):
+        return None
     return writer.entries if writer.entries else None
 
 
 def _finalize_item(item_kv: KvStore, plan: _ItemPlan, coord: Coordinator, opts: _Options,
                    own: dict[bytes, Any] | None) -> None:
     """Step 4 for one item (primary): merged root, metadata files."""
-    if plan.specs:
+    entries: dict[bytes, Any] = {}
+    if not opts.use_ocdbt:
+        if plan.specs and not coord.partial:
+            check_files_complete(item_kv, plan.specs)
+    elif plan.specs:
         known = {coord.process_index: own} if own is not None else {}
         entries = collect_children(item_kv, coord.participants, known)
         if not coord.partial:
             check_complete(entries, plan.specs)
-    else:
-        entries = {}
     if plan.shardings:
         item_kv.set(layout_writer.SHARDING, layout_writer.sharding_file(plan.shardings))
     if plan.strings:
         item_kv.set(layout_writer.STRINGS, layout_writer.strings_file(plan.strings))
     item_kv.set(layout_writer.TREE_METADATA, layout_writer.tree_metadata(
-        plan.leaves, plan.write_shapes, use_zarr3=opts.use_zarr3, custom_metadata=plan.custom_metadata))
+        plan.leaves, plan.write_shapes, use_zarr3=opts.use_zarr3, custom_metadata=plan.custom_metadata,
+        use_ocdbt=opts.use_ocdbt))
     if entries:
         write_root(item_kv, entries, target_data_file_size=opts.target_data_file_size)
 
@@ -254,6 +268,7 @@ def save(
     composite: bool = False,
     force: bool = False,
     use_zarr3: bool = False,
+    use_ocdbt: bool = True,
     use_compression: bool = True,
     checksum: bool = False,
     chunk_byte_size: int | None = None,
@@ -292,6 +307,9 @@ def save(
       ``"dense.kernel"``; ``"<item>/<param name>"`` in a composite save) to a
       ``chunk_byte_size`` for that array alone, as a per-leaf ``SaveArgs(chunk_byte_size=...)``;
       it overrides ``chunk_byte_size`` for those arrays.
+    * ``use_ocdbt=False``: the per-parameter layout (``PyTreeCheckpointHandler(use_ocdbt=False)``):
+      each array's Zarr metadata and chunks are files in ``<item>/<param>/``; chunks are not
+      capped by ``ocdbt_target_data_file_size`` (there are no data files).
     * ``checksum``: make stored chunks self-checking, so a flipped byte is an error on restore
       (and in ``ocdbt verify --data``) instead of silently different values: Zarr v2 zstd
       frames carry their content checksum; with ``use_zarr3`` each chunk ends in the Zarr v3
@@ -322,7 +340,8 @@ def save(
     if copy is None:
         copy = not blocking
     opts = _make_options(path, use_zarr3, use_compression, chunk_byte_size, leaf_chunk_byte_sizes,
-                         ocdbt_target_data_file_size, replica_parallel, copy, workers, sync, checksum)
+                         ocdbt_target_data_file_size, replica_parallel, copy, workers, sync, use_ocdbt=use_ocdbt,
+                         checksum=checksum)
     for h in handler.values() if isinstance(handler, Mapping) else [handler]:
         if h is not None and h not in _HANDLERS:
             raise ValueError(f"handler must be 'standard' or 'pytree', not {h!r}")
@@ -343,8 +362,8 @@ def save(
 
 def _make_options(path: Any, use_zarr3: bool, use_compression: bool, chunk_byte_size: int | None,
                   leaf_chunk_byte_sizes: Mapping[str, int] | None, ocdbt_target_data_file_size: int | None,
-                  replica_parallel: bool | None, copy: bool, workers: int | None, sync: bool,
-                  checksum: bool = False) -> _Options:
+                  replica_parallel: bool | None, copy: bool, workers: int | None, sync: bool, *,
+                  use_ocdbt: bool = True, checksum: bool = False) -> _Options:
     """The checked options of one save, with Orbax's defaults filled in."""
     if ocdbt_target_data_file_size is not None and ocdbt_target_data_file_size < 0:
         raise ValueError("ocdbt_target_data_file_size must be >= 0")
@@ -363,9 +382,9 @@ def _make_options(path: Any, use_zarr3: bool, use_compression: bool, chunk_byte_
     if checksum and not use_zarr3 and not use_compression:
         raise ValueError("checksum=True needs use_compression=True or use_zarr3=True (uncompressed "
                          "Zarr v2 chunks have nowhere to keep a checksum)")
-    return _Options(use_zarr3, use_compression, chunk_byte_size, leaf_sizes, target, bool(replica_parallel),
-                    bool(copy),
-                    workers or default_workers(), sync, bool(checksum))
+    return _Options(use_zarr3, bool(use_ocdbt), use_compression, chunk_byte_size, leaf_sizes, target,
+                    bool(replica_parallel), bool(copy), workers or default_workers(), sync,
+                    bool(checksum))
 
 
 def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: _Options,
