@@ -195,3 +195,20 @@ def test_cli_verify_data(tmp_path: Path) -> None:
     doc = json.loads(r.stdout)
     assert r.returncode == 1 and doc["ok"] is False
     assert [p["key"] for p in doc["data"]["problems"]] == [key]
+
+
+@pytest.mark.parametrize("zarr3_", [False, True], ids=["zarr2", "zarr3"])
+def test_per_parameter_layout_with_checksum(tmp_path: Path, zarr3_: bool) -> None:
+    """``use_ocdbt=False``: chunks are files; a flipped byte in one is an error on restore."""
+    ck = tmp_path / "ck"
+    want = tree()
+    checkpoint.save(ck, want, use_zarr3=zarr3_, use_ocdbt=False, checksum=True)
+    got = checkpoint.restore(ck)
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v)
+    chunk = next(p for p in sorted((ck / "noise").rglob("*")) if p.is_file() and not p.name.startswith((".", "zarr")))
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(CorruptionError):
+        checkpoint.restore(ck)
