@@ -1,44 +1,74 @@
-# The two commands of the README's contract:
-#   make demo   set up .venv, then run the demo on local disk
-#   make test   set up .venv, then run lint, type checks and every test
-# Either works alone on a fresh clone; set-up is redone only when pyproject.toml changes.
+# The two commands of the README:
+#   make demo   set up .venv with the library and its runtime dependencies only, then run the demo
+#   make test   add the test stack to the same .venv, then run lint, type checks and every test
+# Either works alone on a fresh clone; each set-up step is redone only when pyproject.toml changes.
+#
+# Prerequisites: Python >= 3.10 and make. Optional, for some tests only: Node.js >= 18 with npm
+# (the Azure emulator, azurite; its tests skip without it) and Chromium (the HTML report's browser
+# test; `make test` installs Debian's chromium with apt-get when it can, else that test skips).
 
 PYTHON ?= python3
+NPM    ?= npm
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+PIP    := $(BIN)/python -m pip --disable-pip-version-check
+STAMP      := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+AZURITE    := azurite@3.37.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint typecheck pytest bench clean
+.PHONY: setup setup-test demo test lint typecheck pytest bench clean
 
 setup: $(STAMP)
 
+# Runtime only: numpy, zstandard, crc32c, fsspec, ml_dtypes (no TensorStore, Orbax, JAX, emulators).
 $(STAMP): pyproject.toml
+	@echo "== make: setting up $(VENV) with ocdbt-py and its runtime dependencies"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,dev,http]'
-	# Azure's storage emulator for the object-store tests (Node >= 18), kept inside .venv
-	npm install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error azurite@3.37.0
+	$(PIP) install --progress-bar on -e .
 	@touch $(STAMP)
 
-demo: setup
+setup-test: $(TEST_STAMP)
+
+# The test stack on top: TensorStore, Orbax, JAX, zarr, emulators, ruff, mypy (about 1.5 GB).
+$(TEST_STAMP): $(STAMP) pyproject.toml
+	@echo "== make: adding the test stack to $(VENV) (oracles, emulators, linters: several minutes)"
+	$(PIP) install --progress-bar on -e '.[test,dev,http]'
+	@if command -v $(NPM) >/dev/null 2>&1; then \
+	  echo "== make: installing Azure's storage emulator ($(AZURITE)) into $(VENV)/node with npm"; \
+	  $(NPM) install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error $(AZURITE); \
+	else \
+	  echo "== make: npm not found: the Azure (azurite) tests will be skipped (install Node.js >= 18 and npm to run them)"; \
+	fi
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "== make: installing Debian's chromium with apt-get (for the HTML report's browser test)"; \
+	  (apt-get install -y --no-install-recommends chromium || \
+	   (apt-get update && apt-get install -y --no-install-recommends chromium)) || \
+	  echo "== make: could not install chromium: the browser test will be skipped"; \
+	else \
+	  echo "== make: chromium not found and apt-get not usable here: the browser test will be skipped"; \
+	fi
+	@touch $(TEST_STAMP)
+
+demo: $(STAMP)
 	$(BIN)/python -m ocdbt_py.demo
 
-lint: setup
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check ocdbt_py zarr3 tests conformance bench
 
-typecheck: setup
+typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
 # pytest exits 5 when it collected nothing; that is not a failure of the project.
-pytest: setup
+pytest: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
 
 test: lint typecheck pytest
 
-bench: setup
+bench: $(TEST_STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info demo-output

@@ -27,6 +27,7 @@ from zarr3.errors import (
     MetadataError,
     NodeExistsError,
     ReadOnlyError,
+    UnsupportedError,
     ZarrError,
 )
 from zarr3.group import Group, create_group, open_group
@@ -56,6 +57,7 @@ __all__ = [
     "CodecUnavailableError",
     "CorruptionError",
     "ReadOnlyError",
+    "UnsupportedError",
     "num_threads",
     "set_num_threads",
 ]

@@ -100,8 +100,14 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"invalid JSON constant {name}")
 
 
-def loads(data: bytes | str) -> Any:
-    """Parse strict JSON (no NaN/Infinity literals); raises ``ValueError`` on bad input."""
+def loads(data: bytes | str, *, allow_constants: bool = False) -> Any:
+    """Parse strict JSON (no NaN/Infinity literals); raises ``ValueError`` on bad input.
+
+    ``allow_constants`` accepts the ``NaN``/``Infinity``/``-Infinity`` literals Python's
+    ``json`` writes by default (zarr-python's attributes), read as floats.
+    """
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = bytes(data).decode("utf-8")
+    if allow_constants:
+        return json.loads(data)
     return json.loads(data, parse_constant=_reject_constant)

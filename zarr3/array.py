@@ -10,7 +10,9 @@ modified and rewritten; chunks equal to the fill value are deleted rather than s
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import math
 import os
 import threading
@@ -21,6 +23,7 @@ import numpy as np
 
 from ocdbt_py.errors import CorruptionError, ReadOnlyError
 from ocdbt_py.kvstore import KvStore, PrefixStore, open_kvstore
+from zarr3 import _dask
 from zarr3._executor import IoSink, Job, LocalFetcher, run_jobs, run_pipeline
 from zarr3.chunk_grid import ChunkKeyEncoding, parse_shape
 from zarr3.codecs import (
@@ -29,10 +32,14 @@ from zarr3.codecs import (
     TransposeCodec,
     codec_from_dict,
     compressor_from_v2,
+    filters_from_v2,
 )
+from zarr3.codecs._filter import Filter
 from zarr3.codecs.base import Buffer, BytesBytesCodec, Codec
 from zarr3.codecs.chain import CodecChain, equals_fill
 from zarr3.codecs.sharding import MISSING
+from zarr3.codecs.vlen_bytes import VlenBytesCodec
+from zarr3.codecs.vlen_utf8 import VlenUtf8Codec
 from zarr3.dtypes import DataType, data_type_from_numpy, struct_v2_json, v2_dtype_string
 from zarr3.errors import (
     ArrayNotFoundError,
@@ -123,8 +130,46 @@ class _Scratch:
 
     def array(self, shape: Sequence[int], dtype: np.dtype[Any]) -> np.ndarray:
         """The buffer as a C-contiguous array of ``shape`` (must fit in ``nbytes``)."""
+        if dtype.hasobject or dtype.kind == "T":  # variable-length elements cannot live in bytes
+            return np.empty(shape, dtype)
         n = math.prod(shape) * dtype.itemsize
         return np.frombuffer(self.get()[:n], dtype=np.uint8).view(dtype).reshape(shape)
+
+
+def _fetch_buffer_bytes(chain: CodecChain, max_bytes: int | None = None) -> int:
+    """Size of the reused per-worker fetch buffer: the largest encoded chunk, except for
+    variable-length data, whose bound (1 GiB) is no size to allocate up front."""
+    n = chain.max_encoded_size if max_bytes is None else max_bytes
+    return min(n, 1 << 22) if chain.spec.dtype.variable else n
+
+
+def _as_elements(value: Any, dt: DataType) -> np.ndarray:
+    """``value`` as an array; byte strings for object arrays keep their trailing NULs (a
+    NumPy ``S`` array, which ``np.asarray`` would make of them, drops them)."""
+    if dt.kind in ("vbytes", "object") and not isinstance(value, np.ndarray):
+        try:
+            out = np.empty((), dtype=object) if isinstance(value, bytes) else np.empty(np.shape(value), dtype=object)
+        except ValueError:  # ragged nested lists: let NumPy decide
+            return np.asarray(value)
+        if out.ndim:
+            out[...] = value
+        else:
+            out[()] = value
+        return out
+    return np.asarray(value)
+
+
+def _shard_fetch_bytes(chain: CodecChain, shard: ShardingCodec) -> int:
+    """:func:`_fetch_buffer_bytes` for whole shards."""
+    return _fetch_buffer_bytes(chain, shard.max_encoded_size(chain.ab_spec))
+
+
+def _inner_index(cps: Sequence[int], coords: Sequence[int], combo: Sequence[ChunkDimSel]) -> int:
+    """C-order index, within shard ``coords``, of the inner chunk that ``combo`` selects."""
+    idx = 0
+    for d, p in enumerate(combo):
+        idx = idx * cps[d] + (p.chunk - coords[d] * cps[d])
+    return idx
 
 
 def _fill_region(region: np.ndarray, fill: np.ndarray | None) -> None:
@@ -140,6 +185,9 @@ class Array:
     Orbax requires for checkpoints saved with ``store_array_data_equal_to_fill_value``.
     ``write_empty_chunks=True`` stores chunks even when they equal the fill value.
     """
+
+    #: How to reopen the array by location (set by :func:`open` for paths/URLs; used by to_dask)
+    _source: Any = None
 
     def __init__(
         self,
@@ -262,6 +310,27 @@ class Array:
     def __getitem__(self, selection: Any) -> np.ndarray:
         return self.read(selection)
 
+    def to_dask(self, *, block_bytes: int | None = None) -> Any:
+        """This array as a lazy ``dask.array.Array`` (needs dask): blocks of whole stored chunks
+        (shards when sharded) merged up to ``block_bytes`` (default 128 MiB).
+
+        An array opened from a path or URL gives tasks that carry that location and its
+        storage options (each worker opens the array once), so the graph runs on
+        ``dask.distributed`` worker processes; one opened from a store object ships that
+        object with the graph (fine for threads; it must pickle for processes).
+        """
+        stored = self.shards or self.chunks
+        chunks = _dask.merged_chunks(self.shape, stored, self.dtype.itemsize,
+                                     block_bytes or _dask.DEFAULT_BLOCK_BYTES)
+        src = getattr(self, "_source", None)
+        import dask.base  # optional: to_dask needs dask anyway
+
+        if src is not None:
+            name = f"zarr3-{dask.base.tokenize(src, chunks)}"
+            return _dask.block_array(name, self.shape, self.dtype, chunks, read_source_block, src)
+        name = f"zarr3-{dask.base.tokenize(id(self), self._store.url, chunks)}"
+        return _dask.block_array(name, self.shape, self.dtype, chunks, _dask.read_object_block, self)
+
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         arr = self.read()
         return arr if dtype is None else arr.astype(dtype, copy=False)
@@ -292,6 +361,15 @@ class Array:
             return out
         return buf.reshape(sel.result_shape)
 
+    def _fill_for_missing(self) -> np.ndarray | None:
+        """The value missing chunks read as: the fill value; for a v2 ``fill_value: null``
+        zero bits, except variable-length types (``""``, ``b""``, ``None``) and datetimes (NaT),
+        as zarr-python 3 reads them."""
+        fill = self._meta.fill_value
+        if fill is None and (self.data_type.variable or self.data_type.kind == "datetime"):
+            return default_fill_value(self.data_type)
+        return fill
+
     def _missing(self, key: str) -> None:
         if not self.fill_missing:
             raise ChunkNotFoundError(
@@ -305,7 +383,7 @@ class Array:
             self._read_sharded(sel, dest, self._shard)
             return
         chain = self._chain
-        fill = meta.fill_value
+        fill = self._fill_for_missing()
         per_dim = [dim_chunks(d, c, n) for d, c, n in zip(sel.dims, meta.chunk_shape, meta.shape)]
         scratch = _Scratch(chain.spec.nbytes)
 
@@ -328,7 +406,7 @@ class Array:
 
             return [job]
 
-        fetch = LocalFetcher.for_store(self._store, chain.max_encoded_size)
+        fetch = LocalFetcher.for_store(self._store, _fetch_buffer_bytes(chain))
         run_pipeline(self._store, units(), lambda u: (u[0], None), handle, fetch_one=fetch)
 
     def _shard_groups(
@@ -362,7 +440,7 @@ class Array:
 
     def _read_sharded(self, sel: Selection, dest: np.ndarray, shard: ShardingCodec) -> None:
         meta = self._meta
-        fill = meta.fill_value
+        fill = self._fill_for_missing()
         inner = shard.inner
         assert inner is not None
         cps = shard.chunks_per_shard
@@ -372,12 +450,6 @@ class Array:
         for coords, pieces, whole in self._shard_groups(sel, shard):
             unit = (meta.chunk_key(coords), coords, pieces)
             (whole_units if whole else partial_units).append(unit)
-
-        def flat_index(coords: tuple[int, ...], combo: tuple[ChunkDimSel, ...]) -> int:
-            idx = 0
-            for d, p in enumerate(combo):
-                idx = idx * cps[d] + (p.chunk - coords[d] * cps[d])
-            return idx
 
         def inner_job(data: Buffer, combo: tuple[ChunkDimSel, ...]) -> Job:
             region = dest[tuple(p.out for p in combo) + (Ellipsis,)]
@@ -409,7 +481,7 @@ class Array:
                 raise CorruptionError(e.reason, path=f"{self._store.url.rstrip('/')}/{key}") from e
             jobs: list[Job] = []
             for combo in itertools.product(*pieces):
-                i = flat_index(coords, combo)
+                i = _inner_index(cps, coords, combo)
                 off, n = int(entries[i, 0]), int(entries[i, 1])
                 if off == MISSING and n == MISSING:
                     self._missing(f"{key}[{i}]")
@@ -420,7 +492,7 @@ class Array:
             return jobs
 
         if whole_units:
-            fetch = LocalFetcher.for_store(self._store, shard.max_encoded_size(meta.chain.ab_spec))
+            fetch = LocalFetcher.for_store(self._store, _shard_fetch_bytes(meta.chain, shard))
             run_pipeline(self._store, whole_units, lambda u: (u[0], None), handle_whole, fetch_one=fetch)
         if not partial_units:
             return
@@ -440,7 +512,7 @@ class Array:
             except CorruptionError as e:
                 raise CorruptionError(e.reason, path=f"{self._store.url.rstrip('/')}/{key}") from e
             for combo in itertools.product(*pieces):
-                i = flat_index(coords, combo)
+                i = _inner_index(cps, coords, combo)
                 off, n = int(entries[i, 0]), int(entries[i, 1])
                 if off == MISSING and n == MISSING:
                     self._missing(f"{key}[{i}]")
@@ -463,7 +535,7 @@ class Array:
                 )
             return [inner_job(data, combo)]
 
-        fetch = LocalFetcher.for_store(self._store, inner.max_encoded_size)
+        fetch = LocalFetcher.for_store(self._store, _fetch_buffer_bytes(inner))
         run_pipeline(self._store, inner_units, lambda u: (u[0], u[1]), handle_inner, fetch_one=fetch)
 
     # -- writing ---------------------------------------------------------------------------
@@ -478,7 +550,7 @@ class Array:
         """Write ``value`` (broadcast to the selection's shape) into ``selection``."""
         self._check_writable()
         sel = normalize_selection(selection, self.shape)
-        val = np.asarray(value)
+        val = _as_elements(value, self.data_type)
         if val.dtype != self.dtype:
             if self.data_type.kind == "raw" or val.dtype.kind == "V" and val.dtype.itemsize != self.dtype.itemsize:
                 raise TypeError(f"cannot write {val.dtype} data into a {self.data_type.name} array")
@@ -514,7 +586,7 @@ class Array:
     def _write_chunks(self, sel: Selection, val: np.ndarray) -> None:
         meta = self._meta
         chain = self._chain
-        fill = meta.fill_value
+        fill = self._fill_for_missing()
         skip_fill = self._skip_fill()
         per_dim = [dim_chunks(d, c, n) for d, c, n in zip(sel.dims, meta.chunk_shape, meta.shape)]
         covered: list[tuple[str, tuple[ChunkDimSel, ...]]] = []
@@ -577,7 +649,7 @@ class Array:
         meta = self._meta
         inner = shard.inner
         assert inner is not None
-        fill = meta.fill_value
+        fill = self._fill_for_missing()
         skip_fill = self._skip_fill()
         cps = shard.chunks_per_shard
         inner_shape = shard.chunk_shape
@@ -703,7 +775,33 @@ def open(  # noqa: A001 - mirrors zarr.open / ocdbt_py.open
     meta = load_metadata(kv, zarr_format)
     if isinstance(meta, (GroupMetadataV3, GroupMetadataV2)):
         raise MetadataError("node_type", "group", f"{kv.url} is a group; use zarr3.open_group()")
-    return Array(kv, meta, mode=mode, fill_missing=fill_missing, write_empty_chunks=write_empty_chunks)
+    arr = Array(kv, meta, mode=mode, fill_missing=fill_missing, write_empty_chunks=write_empty_chunks)
+    if isinstance(store, (str, os.PathLike)) and mode == "r":
+        _remember_source(arr, os.fspath(store), storage_options, path, zarr_format)
+    return arr
+
+
+def _remember_source(arr: Array, location: str, storage_options: dict[str, Any] | None, path: str,
+                     zarr_format: int | None) -> None:
+    """Record how to reopen a read-only array by location (for :meth:`Array.to_dask`)."""
+    try:
+        if not location.startswith(("/",)) and "://" not in location:
+            location = os.path.abspath(location)
+        arr._source = _dask.ArraySource.of(location, storage_options, path, zarr_format)
+    except (TypeError, ValueError):  # options that are not JSON: ship the array object instead
+        pass
+
+
+@functools.lru_cache(maxsize=32)
+def _open_source(src: _dask.ArraySource) -> Array:
+    """A read-only array opened by location, once per process (dask tasks)."""
+    opts = json.loads(src.options_json) or None
+    return open(src.location, src.path, storage_options=opts, zarr_format=src.zarr_format)
+
+
+def read_source_block(src: _dask.ArraySource, sel: tuple[slice, ...]) -> np.ndarray:
+    """A dask task: read one block of the array a source names."""
+    return np.asarray(_open_source(src)[sel])
 
 
 _UNSET: Any = object()
@@ -722,6 +820,131 @@ def _compressor_v3(compressor: Any) -> list[Codec]:
         codec = compressor_from_v2(compressor, 1)
         return [] if codec is None else [codec]
     return [_as_codec(compressor, "compressor")]
+
+
+def _serializer_v3(dt: DataType) -> Codec:
+    if dt.kind == "string":
+        return VlenUtf8Codec()
+    if dt.kind == "vbytes":
+        return VlenBytesCodec()
+    if dt.kind == "object":
+        raise MetadataError("dtype", "object", "JSON object arrays exist only in zarr v2 (json2)")
+    return BytesCodec()
+
+
+def _filter_json(f: Any) -> Any:
+    return f.to_v2() if isinstance(f, Filter) else f
+
+
+def _filters_v3(filters: Sequence[Any] | None) -> list[Codec]:
+    """v3 ``numcodecs.<id>`` array -> array codecs for numcodecs filter configurations."""
+    out: list[Codec] = []
+    for i, f in enumerate(filters or ()):
+        entry = dict(_filter_json(f))
+        cid = entry.pop("id", None)
+        out.append(codec_from_dict({"name": f"numcodecs.{cid}", "configuration": entry}, f"filters[{i}]"))
+    return out
+
+
+def _requested_numpy_dtype(dtype: Any, dt: DataType) -> np.dtype[Any] | None:
+    """The NumPy dtype the caller named (its byte order / fields matter for v2), if any."""
+    if isinstance(dtype, DataType) or (isinstance(dtype, str) and dtype == dt.name):
+        return None
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return None
+
+
+def _clear_for_create(kv: KvStore, overwrite: bool) -> None:
+    """Refuse an existing node, or delete everything below it with ``overwrite``."""
+    if any(k is not None for k in kv.get_many(["zarr.json", ".zarray", ".zgroup"])):
+        if not overwrite:
+            raise NodeExistsError(f"an array or group already exists at {kv.url}")
+        kv.delete_prefix("")
+
+
+def _v3_codecs(
+    dt: DataType,
+    shape_t: tuple[int, ...],
+    chunk_t: tuple[int, ...],
+    *,
+    codecs: Sequence[Any] | None,
+    compressor: Any,
+    filters: Sequence[Any] | None,
+    order: str,
+    shards: Sequence[int] | None,
+    index_location: str,
+) -> tuple[list[Codec], tuple[int, ...]]:
+    """The codec list and chunk grid :func:`create` writes for ``zarr_format=3``."""
+    if codecs is not None:
+        codec_list = [_as_codec(c, f"codecs[{i}]") for i, c in enumerate(codecs)]
+        if compressor is not _UNSET:
+            raise ValueError("pass either codecs or compressor, not both")
+    else:
+        codec_list = [_serializer_v3(dt), *_compressor_v3(compressor)]
+        codec_list[:0] = _filters_v3(filters)
+        if order == "F" and len(shape_t) > 1:
+            codec_list.insert(0, TransposeCodec("F"))
+    if shards is None:
+        return codec_list, chunk_t
+    shard_t = parse_shape(list(shards), "shards", minimum=1)
+    if len(shard_t) != len(shape_t):
+        raise MetadataError("shards", list(shard_t), f"expected {len(shape_t)} dimensions")
+    return [ShardingCodec(chunk_t, codec_list, None, index_location)], shard_t
+
+
+def _v2_metadata(
+    shape_t: tuple[int, ...],
+    chunk_t: tuple[int, ...],
+    dt: DataType,
+    nd: np.dtype[Any] | None,
+    *,
+    compressor: Any,
+    fill_value: Any,
+    order: str,
+    dimension_separator: str | None,
+    attributes: Mapping[str, Any] | None,
+    filters: Sequence[Any] | None,
+) -> ArrayMetadataV2:
+    """The ``.zarray`` :func:`create` writes for ``zarr_format=2``."""
+    filter_list = filters_from_v2([_filter_json(f) for f in filters]) if filters else None
+    comp: BytesBytesCodec | None
+    if compressor is _UNSET or compressor is None:
+        comp = None
+    elif isinstance(compressor, BytesBytesCodec):
+        comp = compressor
+    elif isinstance(compressor, str):
+        comp = compressor_from_v2({"id": compressor}, dt.itemsize)
+    else:
+        comp = compressor_from_v2(compressor, dt.itemsize)
+    stored = dt.dtype
+    byteorder = "<"
+    dtype_string: Any
+    if dt.kind == "struct":
+        assert nd is not None
+        stored = nd
+        dtype_string = struct_v2_json(nd)
+    elif nd is not None and nd.byteorder == ">" and nd.itemsize > 1:
+        stored = nd
+        byteorder = ">"
+        dtype_string = v2_dtype_string(dt, byteorder)
+    else:
+        dtype_string = v2_dtype_string(dt, byteorder)
+    fill2 = None if fill_value is None else normalize_fill_value(fill_value, dt)
+    return ArrayMetadataV2(
+        shape=shape_t,
+        data_type=dt,
+        chunk_shape=chunk_t,
+        fill_value=fill2,
+        compressor=comp,
+        order=order,
+        dimension_separator=dimension_separator or ".",
+        stored_dtype=stored,
+        attributes=dict(attributes) if attributes else None,
+        dtype_string=dtype_string,
+        filters=filter_list,
+    )
 
 
 def create(
@@ -746,6 +969,7 @@ def create(
     storage_options: dict[str, Any] | None = None,
     write_empty_chunks: bool = False,
     fill_missing: bool = True,
+    filters: Sequence[Any] | None = None,
 ) -> Array:
     """Create an array (writing its metadata) and return it open for writing.
 
@@ -756,6 +980,11 @@ def create(
     "level": 1}``) or codec; ``order`` and ``dimension_separator`` apply.  ``fill_value=None``
     means zero in v3 and ``null`` in v2, as TensorStore does.  ``overwrite=True`` deletes every
     key below the array's path first.
+
+    ``dtype`` may also be ``str`` / NumPy ``StringDType`` (v3 ``string`` with ``vlen-utf8``, v2
+    ``|O`` with the ``vlen-utf8`` object codec), ``object`` (variable-length bytes), ``S<n>``
+    or ``U<n>``.  ``filters`` are numcodecs filter configurations (``{"id": "delta", "dtype":
+    "<i4"}``...): the v2 ``filters`` member, or ``numcodecs.<id>`` array -> array codecs in v3.
     """
     if zarr_format not in (2, 3):
         raise ValueError(f"zarr_format must be 2 or 3, not {zarr_format!r}")
@@ -770,18 +999,8 @@ def create(
     if len(chunk_t) != len(shape_t):
         raise MetadataError("chunks", list(chunk_t), f"expected {len(shape_t)} dimensions like shape")
     dt = data_type_from_numpy(dtype)
-    nd: np.dtype[Any] | None = None
-    if not isinstance(dtype, DataType) and not (isinstance(dtype, str) and dtype == dt.name):
-        try:
-            nd = np.dtype(dtype)
-        except TypeError:
-            nd = None
-
-    existing = [k for k in kv.get_many(["zarr.json", ".zarray", ".zgroup"]) if k is not None]
-    if existing:
-        if not overwrite:
-            raise NodeExistsError(f"an array or group already exists at {kv.url}")
-        kv.delete_prefix("")
+    nd = _requested_numpy_dtype(dtype, dt)
+    _clear_for_create(kv, overwrite)
 
     meta: ArrayMetadata
     if zarr_format == 3 and dt.kind == "struct":
@@ -797,21 +1016,10 @@ def create(
             else ChunkKeyEncoding.from_json(chunk_key_encoding)
         )
         fill = default_fill_value(dt) if fill_value is None else normalize_fill_value(fill_value, dt)
-        if codecs is not None:
-            codec_list = [_as_codec(c, f"codecs[{i}]") for i, c in enumerate(codecs)]
-            if compressor is not _UNSET:
-                raise ValueError("pass either codecs or compressor, not both")
-        else:
-            codec_list = [BytesCodec(), *_compressor_v3(compressor)]
-            if order == "F" and len(shape_t) > 1:
-                codec_list.insert(0, TransposeCodec("F"))
-        grid = chunk_t
-        if shards is not None:
-            shard_t = parse_shape(list(shards), "shards", minimum=1)
-            if len(shard_t) != len(shape_t):
-                raise MetadataError("shards", list(shard_t), f"expected {len(shape_t)} dimensions")
-            codec_list = [ShardingCodec(chunk_t, codec_list, None, index_location)]
-            grid = shard_t
+        codec_list, grid = _v3_codecs(
+            dt, shape_t, chunk_t, codecs=codecs, compressor=compressor, filters=filters, order=order,
+            shards=shards, index_location=index_location,
+        )
         meta = ArrayMetadataV3(
             shape=shape_t,
             data_type=dt,
@@ -828,40 +1036,9 @@ def create(
             raise ValueError("shards and codecs are zarr v3 features; use compressor for v2")
         if dimension_names is not None:
             raise ValueError("dimension_names is a zarr v3 feature")
-        comp: BytesBytesCodec | None
-        if compressor is _UNSET or compressor is None:
-            comp = None
-        elif isinstance(compressor, BytesBytesCodec):
-            comp = compressor
-        elif isinstance(compressor, str):
-            comp = compressor_from_v2({"id": compressor}, dt.itemsize)
-        else:
-            comp = compressor_from_v2(compressor, dt.itemsize)
-        stored = dt.dtype
-        byteorder = "<"
-        dtype_string: Any
-        if dt.kind == "struct":
-            assert nd is not None
-            stored = nd
-            dtype_string = struct_v2_json(nd)
-        elif nd is not None and nd.byteorder == ">" and nd.itemsize > 1:
-            stored = nd
-            byteorder = ">"
-            dtype_string = v2_dtype_string(dt, byteorder)
-        else:
-            dtype_string = v2_dtype_string(dt, byteorder)
-        fill2 = None if fill_value is None else normalize_fill_value(fill_value, dt)
-        meta = ArrayMetadataV2(
-            shape=shape_t,
-            data_type=dt,
-            chunk_shape=chunk_t,
-            fill_value=fill2,
-            compressor=comp,
-            order=order,
-            dimension_separator=dimension_separator or ".",
-            stored_dtype=stored,
-            attributes=dict(attributes) if attributes else None,
-            dtype_string=dtype_string,
+        meta = _v2_metadata(
+            shape_t, chunk_t, dt, nd, compressor=compressor, fill_value=fill_value, order=order,
+            dimension_separator=dimension_separator, attributes=attributes, filters=filters,
         )
         kv.set(".zarray", meta.to_bytes())
         attrs = meta.attrs_bytes()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ocdbt_py.errors import CorruptionError, OcdbtError, ReadOnlyError
+from ocdbt_py.errors import UnsupportedError as _OcdbtUnsupportedError
 
 __all__ = [
     "ZarrError",
@@ -19,6 +20,7 @@ __all__ = [
     "NodeExistsError",
     "ChunkNotFoundError",
     "CodecUnavailableError",
+    "UnsupportedError",
     "CorruptionError",
     "ReadOnlyError",
 ]
@@ -73,11 +75,25 @@ class ChunkNotFoundError(ZarrError, KeyError):
         return self.message
 
 
-class CodecUnavailableError(ZarrError, ImportError):
-    """A codec needs an optional package that is not installed."""
+class UnsupportedError(ZarrError, _OcdbtUnsupportedError):
+    """Valid data that uses a feature zarr3 does not implement (``feature`` names it).
 
-    def __init__(self, codec: str, package: str, extra: str | None = None):
+    Also an :class:`ocdbt_py.errors.UnsupportedError` (and so a ``NotImplementedError``).
+    """
+
+    def __init__(self, feature: str, reason: str = "is not supported"):
+        self.feature = feature
+        super().__init__(f"{feature} {reason}")
+
+
+class CodecUnavailableError(UnsupportedError, ImportError):
+    """A codec cannot run here: it needs an optional package that is not installed, or the
+    installed library was built without it (``reason`` says which)."""
+
+    def __init__(self, codec: str, package: str | None = None, extra: str | None = None, *, reason: str | None = None):
         self.codec = codec
         self.package = package
-        hint = f"pip install 'ocdbt-py[{extra}]'" if extra else f"pip install {package}"
-        super().__init__(f"the {codec!r} codec needs the optional package {package!r} ({hint})")
+        if reason is None:
+            hint = f"pip install 'ocdbt-py[{extra}]'" if extra else f"pip install {package}"
+            reason = f"needs the optional package {package!r} ({hint})"
+        UnsupportedError.__init__(self, f"the {codec!r} codec", reason)

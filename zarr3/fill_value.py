@@ -35,7 +35,14 @@ _SPECIAL = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def default_fill_value(dt: DataType) -> np.ndarray:
-    """The zero value of ``dt`` (TensorStore's default fill value)."""
+    """The zero value of ``dt`` (TensorStore's default fill value); zarr-python's defaults for the
+    types TensorStore lacks: ``""`` / ``b""`` / ``None`` for strings and objects, NaT for times."""
+    if dt.kind in ("vbytes", "object"):
+        out = np.empty((), dtype=object)
+        out[()] = b"" if dt.kind == "vbytes" else None
+        return out
+    if dt.kind == "datetime":  # zarr-python's default: NaT
+        return np.array("NaT", dtype=dt.dtype)
     return np.zeros((), dtype=dt.dtype)
 
 
@@ -122,6 +129,9 @@ def parse_fill_value_v3(value: Any, dt: DataType, field: str = "fill_value") -> 
     if value is None:
         raise MetadataError(field, value, "fill_value is required in zarr v3")
     if kind == "bool":
+        # zarr-python writes 0/1 for bool in some versions
+        if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
+            value = bool(value)
         if not isinstance(value, bool):
             raise MetadataError(field, value, "expected true or false")
         return np.array(value, dtype=np.bool_)
@@ -129,6 +139,12 @@ def parse_fill_value_v3(value: Any, dt: DataType, field: str = "fill_value") -> 
         return _int_from_json(value, dt, field)
     if kind == "float":
         return _float_from_json(value, dt, field)
+    if kind in _TEXT_KINDS or (kind == "raw" and isinstance(value, str)):
+        return _parse_text_fill(value, dt, field)
+    if kind == "struct" and isinstance(value, str):  # zarr-python 3: base64 of the record
+        return np.frombuffer(_b64_padded(value, dt.itemsize, field), dtype=dt.dtype).reshape(())
+    if kind == "datetime":
+        return _parse_time_fill(value, dt, field)
     if kind == "complex":
         if not isinstance(value, (list, tuple)) or len(value) != 2:
             raise MetadataError(field, value, f"expected [real, imag] for {dt.name}")
@@ -148,6 +164,66 @@ def parse_fill_value_v3(value: Any, dt: DataType, field: str = "fill_value") -> 
     ):
         raise MetadataError(field, value, f"expected {dt.itemsize} byte values for {dt.name}")
     return np.frombuffer(bytes(value), dtype=dt.dtype).reshape(())
+
+
+_TEXT_KINDS = ("bytes", "unicode", "string", "vbytes", "object")
+
+
+def _b64_padded(value: str, nbytes: int | None, field: str) -> bytes:
+    """Decode base64 as zarr-python writes it: padding may be missing, and a fixed-size value
+    shorter than the element is padded with zero bytes (``""`` is all zeros)."""
+    text = value.strip()
+    try:
+        raw = base64.b64decode((text + "=" * (-len(text) % 4)).encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError) as e:
+        raise MetadataError(field, value, "invalid base64 fill value") from e
+    if nbytes is not None:
+        if len(raw) > nbytes:
+            raise MetadataError(field, value, f"expected at most {nbytes} base64-encoded bytes")
+        raw = raw.ljust(nbytes, b"\0")
+    return raw
+
+
+def _parse_text_fill(value: Any, dt: DataType, field: str) -> np.ndarray:
+    """Fill values of string, bytes and raw types (v2 and v3 forms are the same)."""
+    kind = dt.kind
+    if kind == "object":  # json2 object arrays: any JSON value
+        out = np.empty((), dtype=object)
+        out[()] = value
+        return out
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value == 0):
+        value = ""  # zarr-python 2 writes 0 / null for "empty"
+    if not isinstance(value, str):
+        raise MetadataError(field, value, f"expected a string for {dt.name}")
+    if kind in ("unicode", "string"):
+        if kind == "unicode" and len(value) > dt.itemsize // 4:
+            raise MetadataError(field, value, f"longer than {dt.itemsize // 4} characters")
+        return np.array(value, dtype=dt.dtype)
+    nbytes = None if kind == "vbytes" else dt.itemsize
+    raw = _b64_padded(value, nbytes, field)
+    if kind == "vbytes":
+        out = np.empty((), dtype=object)
+        out[()] = raw
+        return out
+    return np.frombuffer(raw, dtype=dt.dtype).reshape(())
+
+
+def _parse_time_fill(value: Any, dt: DataType, field: str) -> np.ndarray:
+    """datetime64/timedelta64: the int64 count zarr-python writes (``-2**63`` is NaT)."""
+    if value == "NaT":
+        return np.array("NaT", dtype=dt.dtype)
+    if isinstance(value, bool) or not isinstance(value, int) or not -(1 << 63) <= value < 1 << 63:
+        raise MetadataError(field, value, f"expected an int64 count for {dt.name}")
+    return np.array(value, dtype=np.int64).view(dt.dtype).reshape(())
+
+
+def _encode_text_fill(v: np.ndarray, dt: DataType) -> Any:
+    if dt.kind == "object":
+        return v[()]
+    if dt.kind in ("unicode", "string"):
+        return str(v[()])
+    raw = v[()] if dt.kind == "vbytes" else v.tobytes()
+    return base64.b64encode(bytes(raw)).decode("ascii")
 
 
 def _canonical_nan_bits(dt: DataType) -> int | None:
@@ -181,6 +257,12 @@ def encode_fill_value_v3(value: np.ndarray, dt: DataType) -> Any:
         return int(v.astype(np.int64 if dt.kind == "int" else np.uint64))
     if dt.kind == "float":
         return _encode_float(v, dt)
+    if dt.kind in _TEXT_KINDS or dt.name == "raw_bytes":
+        return _encode_text_fill(v, dt)
+    if dt.kind == "datetime":
+        return int(v.view(np.int64))
+    if dt.kind == "struct":
+        return base64.b64encode(v.tobytes()).decode("ascii")
     if dt.kind == "complex":
         comp = dt.component
         parts = v.reshape(1).view(comp.dtype)
@@ -202,9 +284,15 @@ def parse_fill_value_v2(
     value: Any, dt: DataType, stored: np.dtype[Any], field: str = "fill_value"
 ) -> np.ndarray | None:
     """Parse a v2 ``fill_value``; ``None`` (JSON null) means "no fill value"."""
-    if value is None:
-        return None
     kind = dt.kind
+    if value is None and kind not in ("string", "vbytes", "object"):
+        return None
+    if kind in _TEXT_KINDS:
+        return _parse_text_fill(value, dt, field)
+    if kind == "datetime":
+        return _parse_time_fill(value, dt, field)
+    if kind == "raw" and isinstance(value, str):
+        return np.frombuffer(_b64_padded(value, stored.itemsize, field), dtype=stored).astype(dt.dtype).reshape(())
     if kind == "bool":
         if isinstance(value, bool):
             return np.array(value, dtype=np.bool_)
@@ -235,6 +323,10 @@ def encode_fill_value_v2(value: np.ndarray | None, dt: DataType, stored: np.dtyp
     if value is None:
         return None
     v = np.asarray(value, dtype=dt.dtype).reshape(())
+    if dt.kind in _TEXT_KINDS:
+        return _encode_text_fill(v, dt)
+    if dt.kind == "datetime":
+        return int(v.view(np.int64))
     if dt.kind == "bool":
         return bool(v)
     if dt.kind in ("int", "uint"):
@@ -273,6 +365,12 @@ def normalize_fill_value(value: Any, dt: DataType, field: str = "fill_value") ->
             return arr.astype(dt.dtype).reshape(())
     if isinstance(value, bytes) and dt.kind == "raw":
         return parse_fill_value_v3(list(value), dt, field)
+    if dt.kind == "datetime" and isinstance(value, int) and not isinstance(value, bool):
+        return _parse_time_fill(value, dt, field)
+    if dt.kind in _TEXT_KINDS or dt.kind == "datetime":
+        out = np.empty((), dtype=dt.dtype)
+        out[()] = ("" if dt.kind != "vbytes" else b"") if value is None else value
+        return out
     if isinstance(value, complex) and dt.kind == "complex":
         return np.array(value, dtype=dt.dtype)
     if dt.kind == "complex" and isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ocdbt_py.errors import ReadOnlyError
@@ -69,15 +69,42 @@ class Group:
             return False
         return True
 
-    def members(self) -> list[str]:
-        """Names of the direct children that are arrays or groups."""
+    def keys(self) -> list[str]:
+        """Sorted names of the direct children that are arrays or groups (like zarr-python)."""
         dirs, _ = self._store.list_dir("")
         names = []
         keys = ("zarr.json",) if self.zarr_format == 3 else (".zarray", ".zgroup")
-        for d in dirs:
+        for d in sorted(dirs):
             if any(self._store.get(f"{d}/{k}", (0, 0)) is not None for k in keys):
                 names.append(d)
         return names
+
+    def __iter__(self) -> Iterator[str]:
+        """Iterate over member names, as zarr-python groups do."""
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def members(self) -> tuple[tuple[str, Array | Group], ...]:
+        """``(name, node)`` pairs of the direct children, as zarr-python's ``Group.members()``."""
+        return tuple((name, self[name]) for name in self.keys())
+
+    def arrays(self) -> Iterator[tuple[str, Array]]:
+        """``(name, array)`` pairs of the child arrays."""
+        return ((n, a) for n, a in self.members() if isinstance(a, Array))
+
+    def groups(self) -> Iterator[tuple[str, Group]]:
+        """``(name, group)`` pairs of the child groups."""
+        return ((n, g) for n, g in self.members() if isinstance(g, Group))
+
+    def array_keys(self) -> list[str]:
+        """Names of the child arrays."""
+        return [n for n, _ in self.arrays()]
+
+    def group_keys(self) -> list[str]:
+        """Names of the child groups."""
+        return [n for n, _ in self.groups()]
 
     def create_array(self, name: str, **kwargs: Any) -> Array:
         """Create an array below this group (arguments as for :func:`zarr3.create`)."""

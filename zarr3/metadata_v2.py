@@ -18,12 +18,14 @@ import numpy as np
 
 from zarr3 import _json
 from zarr3.chunk_grid import ChunkKeyEncoding, parse_shape
-from zarr3.codecs import CodecChain, compressor_from_v2, compressor_to_v2
+from zarr3.codecs import FILTERS, OBJECT_CODECS, CodecChain, compressor_from_v2, compressor_to_v2, filters_from_v2
+from zarr3.codecs._filter import Filter
 from zarr3.codecs.base import BytesBytesCodec, ChunkSpec, Codec
 from zarr3.codecs.bytes import BytesCodec, StructBytesCodec
 from zarr3.codecs.transpose import TransposeCodec
-from zarr3.dtypes import DataType, parse_dtype_v2, struct_v2_json, v2_dtype_string
-from zarr3.errors import MetadataError
+from zarr3.codecs.v2_filters import V2FilterCodec
+from zarr3.dtypes import OBJECT, STRING, VLEN_BYTES, DataType, parse_dtype_v2, struct_v2_json, v2_dtype_string
+from zarr3.errors import MetadataError, UnsupportedError
 from zarr3.fill_value import encode_fill_value_v2, parse_fill_value_v2
 from zarr3.metadata_v3 import check_chunk_nbytes
 
@@ -44,6 +46,7 @@ class ArrayMetadataV2:
     stored_dtype: np.dtype[Any] | None = None
     attributes: dict[str, Any] | None = None
     dtype_string: Any = None  # the v2 "dtype" member: a string, or a list for structured
+    filters: list[Filter] | None = None  # numcodecs filters (incl. the object codec of |O arrays)
     chain: CodecChain = field(init=False, repr=False)
 
     zarr_format = 2
@@ -70,7 +73,11 @@ class ArrayMetadataV2:
         codecs: list[Codec] = []
         if self.order == "F" and len(self.shape) > 1:
             codecs.append(TransposeCodec(range(len(self.shape) - 1, -1, -1)))
-        if self.data_type.kind == "struct":
+        if self.data_type.variable and not self.filters:
+            self.filters = _default_object_codec(self.data_type)
+        if self.filters:
+            codecs.append(V2FilterCodec(self.filters, self.stored_dtype))
+        elif self.data_type.kind == "struct":
             codecs.append(StructBytesCodec(self.stored_dtype))
         else:
             codecs.append(BytesCodec(endian))
@@ -116,9 +123,10 @@ class ArrayMetadataV2:
         if len(chunks) != len(shape):
             raise MetadataError("chunks", list(chunks), f"expected {len(shape)} dimensions like shape")
         dt, stored = parse_dtype_v2(obj["dtype"])
-        filters = obj.get("filters")
-        if filters not in (None, []):
-            raise MetadataError("filters", filters, "filters are not supported (only null)")
+        filters = filters_from_v2(obj.get("filters"))
+        if dt.kind == "object":
+            dt = _object_type(filters)
+            stored = dt.dtype
         compressor = compressor_from_v2(obj.get("compressor"), dt.itemsize)
         fill = parse_fill_value_v2(obj.get("fill_value"), dt, stored)
         order = obj.get("order", "C")
@@ -140,6 +148,7 @@ class ArrayMetadataV2:
             stored_dtype=stored,
             attributes=attributes,
             dtype_string=obj["dtype"],
+            filters=filters,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -151,7 +160,7 @@ class ArrayMetadataV2:
             "dimension_separator": self.dimension_separator,
             "dtype": self.dtype_string,
             "fill_value": encode_fill_value_v2(self.fill_value, self.data_type, self.stored_dtype),
-            "filters": None,
+            "filters": [f.to_v2() for f in self.filters] if self.filters else None,
             "order": self.order,
             "shape": list(self.shape),
             "zarr_format": 2,
@@ -174,6 +183,21 @@ class ArrayMetadataV2:
     def nchunks(self) -> int:
         """Number of chunks in the grid."""
         return math.prod(-(-s // c) for s, c in zip(self.shape, self.chunk_shape))
+
+
+def _object_type(filters: list[Filter]) -> DataType:
+    """The data type of a v2 ``|O`` array, chosen by its object codec (the first filter)."""
+    if not filters:
+        raise MetadataError("filters", None, "an object (|O) array needs an object codec such as vlen-utf8")
+    kind = OBJECT_CODECS.get(filters[0].codec_id)
+    if kind is None:
+        raise UnsupportedError(f"object codec {filters[0].codec_id!r}", "is not supported for |O arrays")
+    return {"string": STRING, "vbytes": VLEN_BYTES}.get(kind, OBJECT)
+
+
+def _default_object_codec(dt: DataType) -> list[Filter]:
+    cid = {"string": "vlen-utf8", "vbytes": "vlen-bytes"}.get(dt.kind, "json2")
+    return [FILTERS[cid].from_config({}, "filters[0]")]
 
 
 @dataclass
@@ -208,7 +232,7 @@ class GroupMetadataV2:
 def parse_json_doc(data: bytes, name: str) -> Any:
     """Parse a JSON metadata document, reporting errors as :class:`MetadataError`."""
     try:
-        return _json.loads(data)
+        return _json.loads(data, allow_constants=True)  # zarr-python writes NaN attributes
     except (ValueError, UnicodeDecodeError) as e:
         raise MetadataError(name, bytes(data[:80]), f"not valid JSON: {e}") from e
 

@@ -165,7 +165,7 @@ class ArrayMetadataV3:
             "chunk_grid": {"configuration": {"chunk_shape": list(self.chunk_shape)}, "name": "regular"},
             "chunk_key_encoding": self.chunk_key_encoding.to_json(),
             "codecs": self.chain.to_json(),
-            "data_type": self.data_type.name,
+            "data_type": self.data_type.v3_json,
             "fill_value": encode_fill_value_v3(self.fill_value, self.data_type),
             "node_type": "array",
             "shape": list(self.shape),
@@ -233,7 +233,7 @@ class GroupMetadataV3:
 def parse_zarr_json(data: bytes) -> ArrayMetadataV3 | GroupMetadataV3:
     """Parse ``zarr.json`` bytes into array or group metadata."""
     try:
-        obj = _json.loads(data)
+        obj = _json.loads(data, allow_constants=True)  # zarr-python writes NaN attributes
     except (ValueError, UnicodeDecodeError) as e:
         raise MetadataError("zarr.json", data[:80], f"not valid JSON: {e}") from e
     if isinstance(obj, Mapping) and obj.get("node_type") == "group":

@@ -5,6 +5,10 @@
 >>> everything = checkpoint.restore("/ckpts")                    # latest step, every item
 >>> tree = checkpoint.metadata("/ckpts/1000/params")             # shapes, dtypes, no data
 >>> checkpoint.export_safetensors("/ckpts/1000/params", "model.safetensors")  # streamed
+>>> checkpoint.export_safetensors("/ckpts/1000/params", "hf/", max_shard_size="5GB")  # HF shards
+>>> checkpoint.import_safetensors("hf/", "/ckpts/imported")      # safetensors -> Orbax, streamed
+>>> arrays = checkpoint.to_dask("/ckpts/1000/params")            # dask.array leaves
+>>> checkpoint.copy("/old/1000", "/new/1000", use_ocdbt=True, use_zarr3=True)  # doctest: +SKIP
 
 Importing this package imports neither JAX nor TensorStore; JAX is imported only when a
 restore target contains JAX objects.  The on-disk layouts are described in ``spec/orbax.md``.
@@ -20,7 +24,12 @@ from typing import TYPE_CHECKING, Any
 from ocdbt_py.checkpoint.restore.api import restore
 
 if TYPE_CHECKING:
-    from ocdbt_py.checkpoint.export import export_npz, export_safetensors
+    from ocdbt_py.bridges.dask_arrays import to_dask
+    from ocdbt_py.bridges.safetensors_export import export_safetensors
+    from ocdbt_py.bridges.safetensors_import import import_safetensors
+    from ocdbt_py.bridges.torch_tensors import to_torch
+    from ocdbt_py.checkpoint.convert.api import copy
+    from ocdbt_py.checkpoint.export import export_npz
     from ocdbt_py.checkpoint.layout import UncommittedStepWarning
     from ocdbt_py.checkpoint.manager import CheckpointManager
     from ocdbt_py.checkpoint.meta import CheckpointInfo, LeafMetadata, list_steps, metadata
@@ -33,6 +42,9 @@ __all__ = [
     "list_steps",
     "export_safetensors",
     "export_npz",
+    "import_safetensors",
+    "to_dask",
+    "to_torch",
     "LeafMetadata",
     "CheckpointInfo",
     "LazyArray",
@@ -41,6 +53,7 @@ __all__ = [
     "JsonItem",
     "SaveHandle",
     "CheckpointManager",
+    "copy",
 ]
 
 _WHERE = {
@@ -48,7 +61,11 @@ _WHERE = {
     "list_steps": "ocdbt_py.checkpoint.meta",
     "LeafMetadata": "ocdbt_py.checkpoint.meta",
     "CheckpointInfo": "ocdbt_py.checkpoint.meta",
-    "export_safetensors": "ocdbt_py.checkpoint.export",
+    # the bridges live above checkpoint/ (ocdbt_py.bridges); reached here by name only
+    "export_safetensors": "ocdbt_py.bridges.safetensors_export",
+    "import_safetensors": "ocdbt_py.bridges.safetensors_import",
+    "to_dask": "ocdbt_py.bridges.dask_arrays",
+    "to_torch": "ocdbt_py.bridges.torch_tensors",
     "export_npz": "ocdbt_py.checkpoint.export",
     "LazyArray": "ocdbt_py.checkpoint.restore.reader",
     "UncommittedStepWarning": "ocdbt_py.checkpoint.layout",
@@ -56,6 +73,7 @@ _WHERE = {
     "JsonItem": "ocdbt_py.checkpoint.saving.api",
     "SaveHandle": "ocdbt_py.checkpoint.saving.async_save",
     "CheckpointManager": "ocdbt_py.checkpoint.manager.manager",
+    "copy": "ocdbt_py.checkpoint.convert.api",
 }
 
 

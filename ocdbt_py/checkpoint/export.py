@@ -1,4 +1,7 @@
-"""Streaming a checkpoint into ``.safetensors`` or ``.npz``, one tensor slab at a time.
+"""Streaming a checkpoint's tensors out, one slab at a time: the plan, the slabs, ``.npz``.
+
+``.safetensors`` (one file or Hugging Face's sharded layout) is written by
+:mod:`ocdbt_py.bridges.safetensors_export` on top of this module.
 
 The safetensors header is built from metadata alone (shapes and dtypes, no data), then each
 tensor is read in slabs along its first axis (whole chunk rows, at most :data:`SLAB_BYTES`)
@@ -11,7 +14,6 @@ the raw little-endian C-order bytes.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import zipfile
@@ -28,7 +30,7 @@ from ocdbt_py.checkpoint.restore.item import ARRAY, INLINE, SCALAR, STRING, Leaf
 from ocdbt_py.errors import NotFoundError, UnsupportedError
 from ocdbt_py.kvstore.prefixed import PrefixStore
 
-__all__ = ["export_safetensors", "export_npz", "SAFETENSORS_DTYPES", "ExportedTensor"]
+__all__ = ["export_npz", "plan", "SAFETENSORS_DTYPES", "ExportedTensor"]
 
 #: Bytes read and written per step for one tensor.
 SLAB_BYTES = 32 << 20
@@ -69,6 +71,8 @@ class ExportedTensor:
     stored_dtype: np.dtype
     dtype: np.dtype
     chunks: tuple[int, ...] | None
+    #: the dotted name in the checkpoint (before any rename)
+    source: str = ""
 
     @property
     def nbytes(self) -> int:
@@ -152,7 +156,7 @@ def plan(path: PathLike, *, dtype: Any = None, rename: Rename | None = None, ite
                 md = flat[leaf.param_name]
                 shape, sdt, chunks = tuple(md.shape), md.dtype, md.chunks
             target = cast if cast is not None and _is_float(sdt) else sdt
-            out.append(ExportedTensor(name, it.data_param(leaf), it, leaf, shape, sdt, target, chunks))
+            out.append(ExportedTensor(name, it.data_param(leaf), it, leaf, shape, sdt, target, chunks, full))
     return out
 
 
@@ -196,62 +200,6 @@ def _le_bytes(a: np.ndarray) -> np.ndarray:
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-
-
-def export_safetensors(
-    ckpt: PathLike,
-    out: str | os.PathLike[str] | BinaryIO,
-    *,
-    dtype: Any = None,
-    rename: Rename | None = None,
-    item: str | None = None,
-    step: int | None = None,
-    storage_options: dict[str, Any] | None = None,
-    metadata: Mapping[str, str] | None = None,
-) -> list[str]:
-    """Write every array of a checkpoint into one ``.safetensors`` file, streaming.
-
-    Tensors are named by their dotted path (``params.layer0.kernel``; items of a step
-    directory get their item name in front).  ``dtype`` casts floating-point tensors (e.g.
-    ``"bfloat16"``); ``rename`` maps names (a dict, or a function returning the new name or
-    ``None`` to leave a tensor out).  String leaves go into the header's ``__metadata__``.
-    Peak memory is about one slab of :data:`SLAB_BYTES`, independent of the model size.
-    Returns the names written.
-    """
-    strings: dict[str, str] = {}
-    tensors = plan(ckpt, dtype=dtype, rename=rename, item=item, step=step, storage_options=storage_options,
-                   strings=strings)
-    header: dict[str, Any] = {}
-    offset = 0
-    for t in tensors:
-        code = SAFETENSORS_DTYPES.get(t.dtype.name)
-        if code is None:
-            raise UnsupportedError(
-                f"tensor {t.name!r} has dtype {t.dtype.name}, which safetensors cannot hold; leave it out "
-                f"(rename= returning None, or 'ocdbt export --exclude'), or export to .npz"
-            )
-        header[t.name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
-        offset += t.nbytes
-    meta = {**strings, **dict(metadata or {})}
-    if meta:
-        header["__metadata__"] = {str(k): str(v) for k, v in meta.items()}
-    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)
-
-    def body(f: BinaryIO) -> None:
-        f.write(len(raw).to_bytes(8, "little"))
-        f.write(raw)
-        for t in tensors:
-            written = 0
-            for slab in _slabs(t):
-                buf = _le_bytes(slab)
-                f.write(buf.data)
-                written += buf.nbytes
-            if written != t.nbytes:
-                raise RuntimeError(f"tensor {t.name!r}: wrote {written} bytes, expected {t.nbytes}")
-
-    _write_to(out, body)
-    return [t.name for t in tensors]
 
 
 class _AtomicFile:

@@ -146,13 +146,21 @@ def _is_json_dir(lst: Listing) -> bool:
     return bool(files) and not lst.dirs and all(f.endswith(".json") for f in files)
 
 
+#: The file Orbax v1's ``JsonHandler`` writes (``<item>/data.json``).
+V1_JSON_FILE = "data.json"
+
+
 def json_item_file(lst: Listing, name: str | None = None) -> str | None:
     """The file holding a JSON item's document: ``metadata`` (JsonCheckpointHandler's default),
-    or a file named like the item directory ``name`` itself (``metrics/metrics``)."""
+    a file named like the item directory ``name`` itself (``metrics/metrics``), or Orbax v1's
+    ``data.json`` when it is the directory's only data file (a directory of several ``*.json``
+    files, such as ``process_metadata``, is a JSON directory item instead)."""
     if "metadata" in lst.files:
         return "metadata"
     if name and name in lst.files and not lst.dirs:
         return name
+    if not lst.dirs and _data_files(lst) == [V1_JSON_FILE]:
+        return V1_JSON_FILE
     return None
 
 

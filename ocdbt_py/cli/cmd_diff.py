@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 
-from ocdbt_py.cli.inspect_args import add_inspect_common
-from ocdbt_py.cli.options import add_common, parse_storage_option
+from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
+from ocdbt_py.cli.inspect_args import add_inspect_common, check_workers, fmt_num, fmt_shape, progress_callback
+from ocdbt_py.cli.options import add_location, storage_options
+from ocdbt_py.cli.output import out, print_json
 
 __all__ = ["register", "run"]
 
@@ -21,26 +24,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "Chunks whose stored bytes are equal are not decoded. With one location, compare two of its "
         "steps (--step-a/--step-b). Exit status: 0 equal, 1 different, 2 usage error.",
     )
-    p.add_argument("a", metavar="A", help="first checkpoint (local path or fsspec URL)")
-    p.add_argument("b", metavar="B", nargs="?", default=None,
-                   help="second checkpoint (default: A again, for comparing two steps of a manager root)")
+    add_location(p, dest="a", metavar="A", help="first checkpoint (local path or fsspec URL)")
+    add_location(p, dest="b", metavar="B", optional=True,
+                 help="second checkpoint (default: A again, for comparing two steps of a manager root)")
     p.add_argument("--step-a", type=int, default=None, metavar="N", help="step of A when it is a manager root")
     p.add_argument("--step-b", type=int, default=None, metavar="N", help="step of B when it is a manager root")
     p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0: exact)")
     p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance, of |B| (default 0: exact)")
     p.add_argument("--unchanged", action="store_true", help="also list the unchanged tensors (text output)")
-    p.add_argument(
-        "-S", "--storage-option", metavar="K=V", action="append", default=[], type=parse_storage_option,
-        dest="storage_option", help="fsspec storage option for both locations (repeatable)",
-    )
-    add_common(p)
     add_inspect_common(p, step=False)
     p.set_defaults(func=run)
 
 
 def _details(d: dict[str, object]) -> str:
-    from ocdbt_py.cli.inspect_args import fmt_num, fmt_shape
-
     if d["reason"] == "shape":
         return f"shape {fmt_shape(d['shape_a'])} -> {fmt_shape(d['shape_b'])}"  # type: ignore[arg-type]
     if d["reason"] == "dtype":
@@ -52,12 +48,8 @@ def _details(d: dict[str, object]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Print the differences; exit 1 when there are any."""
-    import math
 
-    from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
-    from ocdbt_py.cli.inspect_args import check_workers, progress_callback
-    from ocdbt_py.cli.options import storage_options
-    from ocdbt_py.cli.output import out, print_json
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.inspect.diff import diff
 
     check_workers(args)
@@ -68,10 +60,10 @@ def run(args: argparse.Namespace) -> int:
     b = args.b if args.b is not None else args.a
     if args.b is None and (args.step_a is None or args.step_b is None):
         raise UsageError("give two checkpoints (ocdbt diff A B), or one manager root with --step-a N --step-b M")
-    opts = storage_options(args)
+    opts_a, opts_b = storage_options(args, args.a), storage_options(args, b)  # -S for both, --timeout per scheme
     with value_errors_as_usage(), progress_callback(args, "diff") as progress:
         res = diff(args.a, b, step_a=args.step_a, step_b=args.step_b, atol=args.atol, rtol=args.rtol,
-                   include=args.include or None, storage_options_a=opts, storage_options_b=opts,
+                   include=args.include or None, storage_options_a=opts_a, storage_options_b=opts_b,
                    workers=args.workers, progress=progress)
     if args.json:
         print_json(res.to_json())

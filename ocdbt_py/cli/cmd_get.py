@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import base64
+import sys
 
+from ocdbt_py.cli.errors import CliError, UsageError
+from ocdbt_py.cli.locate import open_database
 from ocdbt_py.cli.options import add_location, add_version
+from ocdbt_py.cli.output import key_json, print_json
+from ocdbt_py.keys import escape_key, parse_hex_key, unescape_key
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -13,7 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "get",
         help="write a value's raw bytes to stdout or a file",
         description="Write the value of KEY, byte for byte, to stdout or to FILE. KEY is text "
-        "(UTF-8) unless --hex or --escaped says otherwise.",
+        "(UTF-8) unless --hex or --escaped says otherwise. With --json, print one JSON object "
+        'instead: {"key": escaped key, "key_hex": ..., "generation": N, "length": bytes, '
+        '"value_base64": the value in base64}.',
     )
     add_location(p)
     p.add_argument("key", metavar="KEY", help="the key")
@@ -29,8 +37,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def parse_key(args: argparse.Namespace) -> bytes:
     """The key argument as bytes, per ``--hex`` / ``--escaped``."""
-    from ocdbt_py.cli.errors import UsageError
-    from ocdbt_py.keys import parse_hex_key, unescape_key
 
     try:
         if args.hex:
@@ -45,17 +51,19 @@ def parse_key(args: argparse.Namespace) -> bytes:
 
 def run(args: argparse.Namespace) -> int:
     """Fetch the value and write it."""
-    import sys
 
-    from ocdbt_py.cli.errors import CliError
-    from ocdbt_py.cli.locate import open_database
-    from ocdbt_py.keys import escape_key
 
     key = parse_key(args)
+    if args.json and args.output not in (None, "-"):
+        raise UsageError("--json prints the value (base64) on stdout: drop -o FILE, or drop --json to write raw bytes")
     db = open_database(args)
     value = db.get(key)
     if value is None:
         raise CliError(f"key '{escape_key(key)}' not found in {args.url} (generation {db.generation})")
+    if args.json:
+        print_json({**key_json(key), "generation": db.generation, "length": len(value),
+                    "value_base64": base64.b64encode(value).decode("ascii")})
+        return 0
     if args.output in (None, "-"):
         stream = sys.stdout
         stream.flush()

@@ -1,4 +1,11 @@
-"""Opening the database a command names, with helpful errors for checkpoint directories.
+"""Opening the locations a command names: one check for missing paths, a bounded wait for
+object stores, and helpful errors for checkpoint directories.
+
+:func:`check_locations` runs before every command (from :mod:`ocdbt_py.cli.app`): each
+location declared with ``add_location(..., must_exist=True)`` must exist, else the command
+ends with ``error: URL does not exist`` and exit status 1, whatever the command.  On an
+object store that check is the first request, made with ``--timeout`` as its deadline, so
+an unreachable store fails in seconds with one line.
 
 An Orbax checkpoint *item* directory is an OCDBT database (``manifest.ocdbt`` at its root).
 When the location is not a database but directories below it are (a checkpoint step
@@ -9,16 +16,36 @@ directory, or a checkpoint root), :func:`open_kvstore_checked` raises a
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+import os
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ocdbt_py.cli.errors import UsageError
-from ocdbt_py.cli.options import storage_options
+from ocdbt_py.cli.errors import CliError, UsageError
+from ocdbt_py.cli.options import DEFAULT_TIMEOUT, LOCATIONS, is_remote, storage_options
+from ocdbt_py.errors import NotFoundError
+from ocdbt_py.kvstore import open_kvstore
 
 if TYPE_CHECKING:
     from ocdbt_py.kvstore.base import KvStore
     from ocdbt_py.store import OcdbtStore
 
-__all__ = ["open_database", "open_kvstore_checked", "find_item_dirs", "normalize_url"]
+__all__ = [
+    "open_database",
+    "open_kvstore_checked",
+    "find_item_dirs",
+    "normalize_url",
+    "check_locations",
+    "require_location",
+    "missing",
+    "with_deadline",
+]
+
+T = TypeVar("T")
+
+#: Set when a call was abandoned past its deadline: the ``ocdbt`` program then exits at once
+#: rather than wait at interpreter shutdown for the storage library's worker threads.
+ABANDONED = threading.Event()
 
 _MANIFEST = "manifest.ocdbt"
 #: Subdirectories looked into at each level when searching for item databases.
@@ -83,8 +110,6 @@ def _join(url: str, rel: str) -> str:
 
 def open_kvstore_checked(args: argparse.Namespace) -> KvStore:
     """The store at ``args.url``; raises a helpful error when it holds no ``manifest.ocdbt``."""
-    from ocdbt_py.errors import NotFoundError
-    from ocdbt_py.kvstore import open_kvstore
 
     url = normalize_url(args.url)
     kv = open_kvstore(url, storage_options(args), read_only=True)
@@ -106,9 +131,80 @@ def open_kvstore_checked(args: argparse.Namespace) -> KvStore:
 
 def open_database(args: argparse.Namespace, version: Any = None) -> OcdbtStore:
     """Open the database at ``args.url`` (at ``version``, default ``args.version`` if present)."""
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.store import OcdbtStore
 
     kv = open_kvstore_checked(args)
     if version is None:
         version = getattr(args, "version", None)
     return OcdbtStore(kv, version=version)
+
+
+def missing(url: str, fix: str = "") -> CliError:
+    """The one error for a location that does not exist (exit status 1, every command);
+    ``fix``, when given, follows it after a semicolon."""
+    return CliError(f"{url} does not exist" + (f"; {fix}" if fix else ""))
+
+
+def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
+    """``fn()``, or a one-line :class:`CliError` when it has not returned within ``seconds``
+    (``0``: no limit).  The call runs in a daemon thread, which is left behind on timeout
+    (the command is about to end)."""
+    if not seconds:
+        return fn()
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=call, name="ocdbt-first-contact", daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        ABANDONED.set()
+        raise CliError(f"{what}: no answer within {seconds:g} s (network or endpoint unreachable? "
+                       "--timeout SECONDS to wait longer, --debug for details)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def _remote_exists(url: str, args: argparse.Namespace) -> bool:
+    opts = storage_options(args, url)
+    kv = open_kvstore(url, opts, read_only=True)
+    if kv.exists(_MANIFEST) or next(iter(kv.list("")), None) is not None:
+        return True  # a database, or a directory with something in it
+    parent, _, name = url.rstrip("/").rpartition("/")
+    if not name or parent.endswith(":/") or parent.endswith(":"):
+        return False  # a bucket's root
+    return open_kvstore(parent, opts, read_only=True).exists(name)  # a single file (import's SRC)
+
+
+def _local_path(url: str) -> str:
+    return url[len("file://"):] if url.startswith("file://") else url
+
+
+def require_location(args: argparse.Namespace, dest: str = "url", fix: str = "") -> None:
+    """Raise :func:`missing` (with ``fix``) unless the location ``args.<dest>`` exists; on
+    object stores, the answer must come within ``args.timeout`` seconds."""
+    url = getattr(args, dest, None)
+    if not isinstance(url, str):
+        return
+    loc = normalize_url(url)
+    if is_remote(loc):
+        timeout = getattr(args, "timeout", DEFAULT_TIMEOUT)
+        found = with_deadline(lambda: _remote_exists(loc, args), timeout, url)
+    else:
+        found = os.path.exists(_local_path(loc))
+    if not found:
+        raise missing(url, fix)
+
+
+def check_locations(args: argparse.Namespace) -> None:
+    """:func:`require_location` for every location of the command declared ``must_exist``."""
+    for dest, must_exist in getattr(args, LOCATIONS, None) or []:
+        if must_exist:
+            require_location(args, dest)

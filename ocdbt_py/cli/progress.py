@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-__all__ = ["Progress", "want_progress"]
+__all__ = ["Progress", "want_progress", "progress_enabled"]
 
 
 def want_progress(setting: bool | None, stream: TextIO | None = None) -> bool:
@@ -23,6 +23,14 @@ def want_progress(setting: bool | None, stream: TextIO | None = None) -> bool:
         return bool(s.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+def progress_enabled(args: object, stream: TextIO | None = None) -> bool:
+    """Whether a command parsed into ``args`` shows progress: never with ``--quiet``, else
+    ``--progress``/``--no-progress`` if the command has them, else when stderr is a TTY."""
+    if getattr(args, "quiet", False):
+        return False
+    return want_progress(getattr(args, "progress", None), stream)
 
 
 class Progress:

@@ -21,9 +21,8 @@ from typing import Any
 
 from ocdbt_py.errors import ConditionFailedError, StorageError
 from ocdbt_py.kvstore.azuredirect import AzureDirect
-from ocdbt_py.kvstore.direct import DirectReadStore
+from ocdbt_py.kvstore.direct import DirectReadStore, reader_for
 from ocdbt_py.kvstore.object_store import _secret_strings, redact
-from ocdbt_py.kvstore.rangeio import shared_reader
 
 __all__ = ["AzureStore"]
 
@@ -78,7 +77,7 @@ class AzureStore(DirectReadStore):
             secrets=_secret_strings(storage_options or {}),
             scheme=url.split("://", 1)[0].lower(),
         )
-        store._direct = AzureDirect.from_options(opts, shared_reader)
+        store._direct = AzureDirect.from_options(opts, reader_for)
         return store
 
     async def _get_range(self, bucket: str, name: str, start: int, stop: int | None) -> bytes | None:

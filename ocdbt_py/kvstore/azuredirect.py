@@ -27,7 +27,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ocdbt_py.kvstore.direct import Fallback, off, proxied
+from ocdbt_py.kvstore.direct import ERROR_BODY, Fallback, off, proxied, range_headers, ranged_answer
 from ocdbt_py.kvstore.rangeio import HttpRangeReader, HttpStatusError
 
 __all__ = ["AzureDirect", "parse_connection_string"]
@@ -181,25 +181,9 @@ class AzureDirect:
 
     def get(self, container: str, blob: str, start: int, stop: int | None, *, max_body: int) -> bytes | None:
         """Bytes ``[start, stop)``; ``None`` if the blob does not exist; ``b""`` past its end."""
-        if start < 0:
-            raise Fallback("suffix ranges go through adlfs")
-        headers: dict[str, str] = {}
-        if start > 0 or stop is not None:
-            if stop is not None and stop <= start:
-                raise Fallback("empty range")
-            headers["Range"] = f"bytes={start}-" + ("" if stop is None else str(stop - 1))
-        status, _, body = self._call("GET", self.url(container, blob), headers, max_body)
-        if status == 206:
-            return body
-        if status == 200:
-            if start > 0:
-                raise Fallback("range ignored")
-            return body if stop is None else body[:stop]
-        if status == 416:
-            return b""
-        if status == 404:
-            return None
-        raise Fallback(f"HTTP {status}")
+        headers = range_headers(start, stop, "adlfs")
+        status, _, body = self._call("GET", self.url(container, blob), headers, max(max_body, ERROR_BODY))
+        return ranged_answer(status, body, start, stop)
 
     def head(self, container: str, blob: str) -> int | None:
         """The blob's size; ``None`` if it does not exist."""

@@ -16,20 +16,31 @@ import asyncio
 import builtins
 import concurrent.futures
 import http.client
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ocdbt_py.kvstore.futures import all_done
 from ocdbt_py.kvstore.object_store import ObjectStore
-from ocdbt_py.kvstore.rangeio import HttpRangeReader, HttpStatusError, TlsVerifyError
+from ocdbt_py.kvstore.rangeio import HttpRangeReader, HttpStatusError, TlsVerifyError, shared_reader
 
-__all__ = ["Fallback", "DirectReader", "DirectReadStore", "TRANSIENT", "MAX_OBJECT", "off", "proxied"]
+__all__ = ["Fallback", "DirectReader", "DirectReadStore", "TRANSIENT", "MAX_OBJECT", "off", "proxied",
+           "range_headers", "ranged_answer", "reader_for", "ERROR_BODY"]
 
 #: errors after which one read is repeated through the client library (whose client retries)
 TRANSIENT = (OSError, http.client.HTTPException)
 #: largest object body a direct GET accepts (the caller's ranges bound real reads)
 MAX_OBJECT = 1 << 40
+#: an error response (a 404's XML or JSON) may be read up to this size whatever range was asked
+ERROR_BODY = 1 << 16
 _PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+def reader_for(verify: bool | str | None) -> HttpRangeReader:
+    """The shared threaded HTTP reader for a TLS setting, with as many threads (one kept-alive
+    connection each) as requests a batch read keeps in flight (``OCDBT_PY_HTTP_THREADS``)."""
+    threads = os.environ.get("OCDBT_PY_HTTP_THREADS", "")
+    return shared_reader(verify, max(1, int(threads)) if threads.isdigit() else ObjectStore.max_concurrency)
 
 
 class Fallback(Exception):
@@ -45,6 +56,33 @@ def off(env: Mapping[str, str], name: str) -> bool:
 def proxied(env: Mapping[str, str]) -> bool:
     """Whether a proxy is configured (our reader does not speak to proxies)."""
     return any(env.get(v) for v in _PROXY_ENV)
+
+
+def range_headers(start: int, stop: int | None, what: str) -> dict[str, str]:
+    """The ``Range`` header of a direct GET of bytes ``[start, stop)`` (none for a whole object)."""
+    if start < 0:
+        raise Fallback(f"suffix ranges go through {what}")
+    if start == 0 and stop is None:
+        return {}
+    if stop is not None and stop <= start:
+        raise Fallback("empty range")
+    return {"Range": f"bytes={start}-" + ("" if stop is None else str(stop - 1))}
+
+
+def ranged_answer(status: int, body: bytes, start: int, stop: int | None) -> bytes | None:
+    """What a GET of ``[start, stop)`` answered: the bytes, ``None`` for a missing object,
+    ``b""`` for a range past the end; :class:`Fallback` for anything else."""
+    if status == 206:
+        return body
+    if status == 200:
+        if start > 0:
+            raise Fallback("range ignored")
+        return body if stop is None else body[:stop]
+    if status == 416:
+        return b""
+    if status == 404:
+        return None
+    raise Fallback(f"HTTP {status}")
 
 
 class DirectReader(Protocol):

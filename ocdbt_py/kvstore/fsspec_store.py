@@ -227,6 +227,8 @@ class FsspecStore(KvStore):
         if self._http:
             return [(p, None) for p in self._http_find(base + "/")]
         found = self.fs.find(base, withdirs=False, detail=True)
+        if isinstance(found, builtins.list):  # adlfs, when base is a file: [path] despite detail=True
+            found = {p: None for p in found if isinstance(p, str)}
         out: builtins.list[tuple[str, int | None]] = []
         for p, info in found.items():
             size = info.get("size") if isinstance(info, dict) else None

@@ -22,10 +22,9 @@ from typing import Any
 from urllib.parse import quote
 
 from ocdbt_py.errors import ConditionFailedError, StorageError
-from ocdbt_py.kvstore.direct import DirectReadStore
+from ocdbt_py.kvstore.direct import DirectReadStore, reader_for
 from ocdbt_py.kvstore.gcsdirect import GcsDirect
 from ocdbt_py.kvstore.object_store import _secret_strings
-from ocdbt_py.kvstore.rangeio import shared_reader
 
 __all__ = ["GcsStore"]
 
@@ -83,7 +82,7 @@ class GcsStore(DirectReadStore):
             secrets=_secret_strings(storage_options or {}),
             scheme=url.split("://", 1)[0].lower(),
         )
-        store._direct = GcsDirect.from_fs(fs, opts, shared_reader)
+        store._direct = GcsDirect.from_fs(fs, opts, reader_for)
         return store
 
     def _media_url(self, bucket: str, name: str) -> str:

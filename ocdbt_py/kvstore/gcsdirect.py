@@ -21,7 +21,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ocdbt_py.kvstore.direct import Fallback, off, proxied
+from ocdbt_py.kvstore.direct import ERROR_BODY, Fallback, off, proxied, range_headers, ranged_answer
 from ocdbt_py.kvstore.rangeio import HttpRangeReader, HttpStatusError
 
 __all__ = ["GcsDirect"]
@@ -101,25 +101,9 @@ class GcsDirect:
 
     def get(self, bucket: str, name: str, start: int, stop: int | None, *, max_body: int) -> bytes | None:
         """Bytes ``[start, stop)``; ``None`` if the object does not exist; ``b""`` past its end."""
-        if start < 0:
-            raise Fallback("suffix ranges go through gcsfs")
-        headers: dict[str, str] = {}
-        if start > 0 or stop is not None:
-            if stop is not None and stop <= start:
-                raise Fallback("empty range")
-            headers["Range"] = f"bytes={start}-" + ("" if stop is None else str(stop - 1))
-        status, hdrs, body = self._call("GET", self.media_url(bucket, name), headers, max_body)
-        if status == 206:
-            return body
-        if status == 200:
-            if start > 0:
-                raise Fallback("range ignored")
-            return body if stop is None else body[:stop]
-        if status == 416:
-            return b""
-        if status == 404:
-            return None
-        raise Fallback(f"HTTP {status}")
+        headers = range_headers(start, stop, "gcsfs")
+        status, _, body = self._call("GET", self.media_url(bucket, name), headers, max(max_body, ERROR_BODY))
+        return ranged_answer(status, body, start, stop)
 
     def head(self, bucket: str, name: str) -> int | None:
         """The object's size; ``None`` if it does not exist."""

@@ -24,39 +24,21 @@ does not wait for botocore to build its client.  Anything else goes through s3fs
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import http.client
 import os
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from ocdbt_py.errors import ConditionFailedError, StorageError, UnsupportedError
-from ocdbt_py.kvstore.futures import all_done
-from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings
-from ocdbt_py.kvstore.rangeio import HttpStatusError, TlsVerifyError, shared_reader
-from ocdbt_py.kvstore.s3direct import Fallback, S3Direct
+from ocdbt_py.kvstore.direct import TRANSIENT, DirectReadStore, reader_for
+from ocdbt_py.kvstore.object_store import _secret_strings
+from ocdbt_py.kvstore.rangeio import HttpStatusError, TlsVerifyError
+from ocdbt_py.kvstore.s3direct import S3Direct
 
 __all__ = ["S3Store"]
 
 _CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "412", "409"}
 _UNSUPPORTED_CODES = {"NotImplemented", "501"}
-
-
-#: errors of the threaded/direct HTTP path that s3fs's client (which retries) gets a go at:
-#: refused, reset, cut short or timed out connections.  A certificate that does not verify
-#: (:class:`~ocdbt_py.kvstore.rangeio.TlsVerifyError`) is an error at once.
-_TRANSIENT = (OSError, http.client.HTTPException)
-
-#: largest whole object one GET reads through the direct path (its declared length is checked)
-_MAX_OBJECT = 1 << 40
-
-
-def _reader_for(verify: bool | str | None) -> Any:
-    """The shared threaded HTTP reader: as many threads (each with its own kept-alive
-    connection) as requests a batch read keeps in flight (``OCDBT_PY_HTTP_THREADS`` overrides)."""
-    threads = os.environ.get("OCDBT_PY_HTTP_THREADS", "")
-    return shared_reader(verify, max(1, int(threads)) if threads.isdigit() else ObjectStore.max_concurrency)
 
 
 def _error_code(exc: BaseException) -> tuple[str | None, int | None]:
@@ -78,7 +60,7 @@ def _is_aws_endpoint(url: str) -> bool:
     return ".amazonaws.com" in url or ".amazonaws.com.cn" in url
 
 
-class S3Store(ObjectStore):
+class S3Store(DirectReadStore):
     """An S3 bucket (or a prefix of one) as a :class:`KvStore` with atomic conditional writes."""
 
     @classmethod
@@ -105,7 +87,7 @@ class S3Store(ObjectStore):
             fs, root = fsspec.core.url_to_fs(url, **opts)
         except (ImportError, ValueError, TypeError) as e:
             raise StorageError(f"cannot open {url}: {e}") from e
-        direct = S3Direct.from_options(opts, _reader_for)
+        direct = S3Direct.from_options(opts, reader_for)
         endpoint = (
             opts.get("endpoint_url")
             or (opts.get("client_kwargs") or {}).get("endpoint_url")
@@ -125,64 +107,11 @@ class S3Store(ObjectStore):
         store._direct = direct
         return store
 
-    #: our own signed reads, or ``None`` (s3fs reads everything); see :mod:`.s3direct`
-    _direct: S3Direct | None = None
-
-    def _direct_failed(self) -> None:
-        """The direct path met something it does not handle: s3fs reads from now on."""
-        self._direct = None
-
-    async def _direct_call(self, fn: Any, *args: Any, **kw: Any) -> Any:
-        """Run a blocking :class:`S3Direct` call on the HTTP threads, awaited on the loop."""
-        direct = self._direct
-        assert direct is not None
-        return await asyncio.wrap_future(direct.reader.run(lambda: fn(*args, **kw)))
-
-    def _start_ahead(self, reqs: Sequence[tuple[str, tuple[int, int]]]) -> concurrent.futures.Future[list[Any]]:
-        # straight onto the HTTP threads: no hop through the event loop, whose thread may wait
-        # for the GIL while the caller parses (the reads of a restore's start are its critical path)
-        direct = self._direct
-        if direct is None:
-            return super()._start_ahead(reqs)
-        return all_done([direct.reader.run(self._read_now, k, r) for k, r in reqs])
-
-    def _read_now(self, key: str, rng: tuple[int, int]) -> bytes | None:
-        """One read on the calling (HTTP) thread: direct, or through s3fs if that gave up."""
-        direct = self._direct
-        bucket, name = self._locate(key)
-        if direct is not None:
-            try:
-                return direct.get(bucket, name, rng[0], rng[1], max_body=_MAX_OBJECT)
-            except Fallback:
-                self._direct_failed()
-            except _TRANSIENT:
-                pass  # this read again through s3fs, whose client retries
-        return self._run(self._read(key, rng))
-
-    def _find(self, base: str) -> list[tuple[str, int | None]]:
-        direct = self._direct
-        if direct is not None:
-            bucket, _, name = base.partition("/")
-            try:
-                found = direct.reader.run(direct.list, bucket, name.rstrip("/") + "/" if name else "").result()
-            except Fallback:
-                self._direct_failed()
-            except _TRANSIENT:
-                pass  # this listing again through s3fs, whose client retries
-            else:
-                return [(f"{bucket}/{k}", size) for k, size in found if not k.endswith("/")]
-        return super()._find(base)
 
     async def _get_range(self, bucket: str, name: str, start: int, stop: int | None) -> bytes | None:
-        if self._direct is not None and start >= 0:
-            try:
-                got: bytes | None = await self._direct_call(self._direct.get, bucket, name, start, stop,
-                                                            max_body=_MAX_OBJECT)
-                return got
-            except Fallback:
-                self._direct_failed()
-            except _TRANSIENT:
-                pass  # this read again through s3fs, whose client retries
+        answered, got = await self._direct_get(bucket, name, start, stop)
+        if answered:
+            return got
         kw: dict[str, str] = {}
         if start < 0:
             kw["Range"] = f"bytes={start}"
@@ -261,7 +190,7 @@ class S3Store(ObjectStore):
                 and not getattr(fs, "s3_additional_kwargs", None)):
             verify = client_kwargs.get("verify", env.get("AWS_CA_BUNDLE") or None)
             if verify is None or isinstance(verify, (bool, str)):
-                reader = _reader_for(verify)
+                reader = reader_for(verify)
         self._http_state = reader
         return reader or None
 
@@ -277,7 +206,7 @@ class S3Store(ObjectStore):
             else:
                 todo.append(k)
         direct = self._direct
-        if todo and direct is not None:
+        if todo and isinstance(direct, S3Direct):
             for k in todo:
                 b, n = self._locate(k)
                 out[k] = direct.presign(b, n, self._presign_seconds)
@@ -328,18 +257,13 @@ class S3Store(ObjectStore):
             raise self._fail("reading", key, e) from e
         except TlsVerifyError as e:
             raise self._fail("reading", key, e) from e
-        except _TRANSIENT:  # refused, reset, cut short, timed out: once more through s3fs (it retries)
+        except TRANSIENT:  # refused, reset, cut short, timed out: once more through s3fs (it retries)
             return self._run(self._read_into_async(key, start, buf))
 
     async def _object_size(self, bucket: str, name: str) -> int | None:
-        if self._direct is not None:
-            try:
-                size: int | None = await self._direct_call(self._direct.head, bucket, name)
-                return size
-            except Fallback:
-                self._direct_failed()
-            except _TRANSIENT:
-                pass  # this request again through s3fs, whose client retries
+        answered, size = await self._direct_size(bucket, name)
+        if answered:
+            return size
         try:
             resp = await self.fs._call_s3("head_object", Bucket=bucket, Key=name)
         except FileNotFoundError:

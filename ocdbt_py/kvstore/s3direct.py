@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ocdbt_py.kvstore.direct import Fallback, off
 from ocdbt_py.kvstore.rangeio import HttpRangeReader, HttpStatusError
 from ocdbt_py.kvstore.sigv4 import Credentials, presign_url, sign_headers, uri_encode
 
@@ -63,14 +64,6 @@ _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 MAX_LISTING_PAGE = 32 << 20
 #: most listing pages followed for one listing (10 million keys)
 MAX_LISTING_PAGES = 10_000
-
-
-class Fallback(Exception):
-    """The direct path cannot answer this read; s3fs should (the reason is for debugging)."""
-
-
-def _off(env: Mapping[str, str], name: str) -> bool:
-    return env.get(name, "1").strip().lower() in ("0", "false", "no", "off")
 
 
 def _aws_config_exists(env: Mapping[str, str]) -> bool:
@@ -104,7 +97,7 @@ class S3Direct:
         reach the store (see the module docstring).  ``reader_for(verify)`` gives the
         threaded HTTP reader for a TLS setting."""
         env = os.environ if env is None else env
-        if _off(env, "OCDBT_PY_THREADED_HTTP") or _off(env, "OCDBT_PY_S3_OWN_SIGNING"):
+        if off(env, "OCDBT_PY_THREADED_HTTP") or off(env, "OCDBT_PY_S3_OWN_SIGNING"):
             return None
         if any(env.get(v) for v in _ENV_OPT_OUT):
             return None
@@ -240,6 +233,10 @@ class S3Direct:
         if status == 404 and self._error_code(body) == "NoSuchKey":
             return None
         raise self._unexpected(status, body)
+
+    def read_into(self, bucket: str, name: str, start: int, buf: memoryview) -> int | None:
+        """Read ``len(buf)`` bytes from ``start`` into ``buf`` through a presigned URL."""
+        return self.reader.read_into(self.presign(bucket, name, 3600), start, buf)
 
     def head(self, bucket: str, name: str) -> int | None:
         """The object's size, ``None`` if it does not exist."""

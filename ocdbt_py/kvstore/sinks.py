@@ -69,6 +69,11 @@ class DeferredSyncStore(LocalStore):
             raise StorageError(f"writing {self.url}/{key} failed: {e}") from e
         self.note_written(path)
 
+    def delete(self, key: str) -> None:
+        super().delete(key)
+        with self._pending_lock:
+            self._pending.discard(self._path(key))
+
     def sync_all(self, workers: int = 8) -> None:
         """fsync every file written since the last call, then their directories."""
         with self._pending_lock:

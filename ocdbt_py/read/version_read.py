@@ -12,6 +12,7 @@ from ocdbt_py.format.manifest import Manifest, decode_manifest
 from ocdbt_py.format.version_tree import BtreeGenerationReference, VersionNodeReference
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.read.node_reader import NodeReader
+from ocdbt_py.timeutil import format_nanoseconds
 
 __all__ = [
     "MANIFEST_KEY",
@@ -105,6 +106,11 @@ def _not_found(what: str) -> NotFoundError:
     return NotFoundError(f"version where {what} is not present")
 
 
+def _no_version_at(ns: int) -> NotFoundError:
+    when = format_nanoseconds(ns).replace(".000000000Z", "Z")
+    return NotFoundError(f"no version committed at or before {when}")
+
+
 def find_generation(reader: NodeReader, manifest: Manifest, generation: int) -> BtreeGenerationReference:
     """The generation numbered ``generation``; :class:`NotFoundError` if absent."""
     versions = manifest.versions
@@ -141,7 +147,7 @@ def find_time(reader: NodeReader, manifest: Manifest, ns: int) -> BtreeGeneratio
     """The latest generation whose commit time is at or before ``ns``."""
     versions = manifest.versions
     if not versions:
-        raise _not_found(f"commit_time <= {ns}")
+        raise _no_version_at(ns)
     if ns >= versions[0].commit_time:
         times = [v.commit_time for v in versions]
         return versions[bisect.bisect_right(times, ns) - 1]
@@ -149,14 +155,14 @@ def find_time(reader: NodeReader, manifest: Manifest, ns: int) -> BtreeGeneratio
     for _ in range(64):
         cand = [r for r in refs if r.commit_time <= ns]
         if not cand:
-            raise _not_found(f"commit_time <= {ns}")
+            raise _no_version_at(ns)
         ref = cand[-1]
         node = reader.version_node(ref.location, ref.height, ref.generation_number)
         if node.height == 0:
             times = [v.commit_time for v in node.versions]
             i = bisect.bisect_right(times, ns) - 1
             if i < 0:
-                raise _not_found(f"commit_time <= {ns}")
+                raise _no_version_at(ns)
             return node.versions[i]
         refs = node.children
     raise CorruptionError("version tree too deep")

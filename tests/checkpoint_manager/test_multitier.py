@@ -396,3 +396,92 @@ def test_clock_policy_and_argument_checks(jx: Any, tmp_path: Path) -> None:
         MultiTierCheckpointManager(tmp_path / "l", tmp_path / "p", global_mesh=mesh, local_policy=3)  # type: ignore
     with pytest.raises(TypeError, match="unknown save_options"):
         MultiTierCheckpointManager(tmp_path / "l", tmp_path / "p", global_mesh=mesh, save_options={"x": 1})
+
+
+def test_process_state_is_part_of_each_step(jx: Any, tmp_path: Path) -> None:
+    """A step saved with ``process_state`` carries it in both tiers; a local step whose JSON
+    part is missing is not complete (the next source is used), and a restore gives the
+    process its own document back wherever the step comes from."""
+    from ocdbt_py.checkpoint.manager import FixedInterval, MultiTierCheckpointManager
+
+    jax = jx
+    mesh = _mesh(jax)
+    abstract = _abstract(jax, _state(jax, mesh, 0))
+    kw: dict[str, Any] = {"global_mesh": mesh, "abstract_state": abstract, "local_policy": FixedInterval(1),
+                          "local_preservation": LatestN(3), "persistent_policy": FixedInterval(2),
+                          "async_save": True}
+    with MultiTierCheckpointManager(tmp_path / "l", tmp_path / "p", **kw) as mgr:
+        for s in range(4):
+            mgr.save(s, _state(jax, mesh, s), process_state={"position": s * 100, "epoch": [s, "a"]})
+        with pytest.raises(ValueError, match="not JSON-serializable"):
+            mgr.save(10, _state(jax, mesh, 10), process_state={"bad": object()})
+        mgr.wait_until_finished()
+        got, doc = mgr.restore(with_process_state=True)
+        assert _same(got, _state(jax, mesh, 3)) and _source(mgr) == LOCAL
+        assert doc == {"position": 300, "epoch": [3, "a"]}
+        assert mgr.last_restore is not None and mgr.last_restore.process_state == doc
+        assert mgr.restore(2, with_process_state=True)[1] == {"position": 200, "epoch": [2, "a"]}
+    saved = json.loads((tmp_path / "l" / "3" / "process_state" / "metadata").read_text())
+    assert saved == {"format": "ocdbt_py.process_state/1", "process_count": 1,
+                     "states": [{"position": 300, "epoch": [3, "a"]}]}
+    assert json.loads((tmp_path / "p" / "2" / "process_state" / "metadata").read_text())["states"] == [
+        {"position": 200, "epoch": [2, "a"]}]
+    # the JSON part of local step 3 is lost: the step is incomplete; 2 is read locally
+    (tmp_path / "l" / "3" / "process_state" / "metadata").unlink()
+    with MultiTierCheckpointManager(tmp_path / "l", tmp_path / "p", **kw) as mgr:
+        assert mgr.all_steps() == [0, 1, 2]
+        got, doc = mgr.restore(with_process_state=True)
+        info = mgr.last_restore
+        assert info is not None and (info.step, info.source) == (2, LOCAL) and doc["position"] == 200
+        with pytest.raises(NotFoundError, match="step 3"):
+            mgr.restore(3)
+    # no local tier: the persistent step gives the document back
+    shutil.rmtree(tmp_path / "l")
+    with MultiTierCheckpointManager(tmp_path / "l", tmp_path / "p", **kw) as mgr:
+        got, doc = mgr.restore(with_process_state=True)
+        assert _source(mgr) == PERSISTENT and doc == {"position": 200, "epoch": [2, "a"]}
+        assert _same(got, _state(jax, mesh, 2))
+        assert mgr.restore(0, with_process_state=True)[1]["position"] == 0
+
+
+def test_a_local_step_orbax_wrote_is_used_when_its_metadata_matches(jx: Any, tmp_path: Path) -> None:
+    """A local step without our fingerprint (as Orbax's emergency manager writes it: the
+    ``state`` item by Orbax's PyTree handler, ``process_metadata/``, no custom metadata) is
+    restored locally when its tree, shapes, dtypes and recorded shardings equal the target's,
+    and refused with the reason otherwise."""
+    ocp = pytest.importorskip("orbax.checkpoint")
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from ocdbt_py.checkpoint.manager import FixedInterval, MultiTierCheckpointManager
+    from ocdbt_py.kvstore import open_kvstore
+
+    jax = jx
+    mesh = _mesh(jax)
+    state = _state(jax, mesh, 3)
+    abstract = _abstract(jax, state)
+    step_dir = tmp_path / "l" / "3"
+    with ocp.PyTreeCheckpointer() as ckptr:
+        ckptr.save(step_dir / "state", args=ocp.args.PyTreeSave(state))
+    Topology.current(mesh).write(open_kvstore(str(step_dir / "process_metadata")))
+    (step_dir / "_CHECKPOINT_METADATA").write_text(json.dumps({"item_handlers": {}, "custom_metadata": {}}))
+    (step_dir / "commit_success.txt").write_text("done")
+    kw: dict[str, Any] = {"global_mesh": mesh, "local_policy": FixedInterval(1),
+                          "persistent_policy": FixedInterval(100), "async_save": False}
+    with MultiTierCheckpointManager(tmp_path / "l", tmp_path / "p", abstract_state=abstract, **kw) as mgr:
+        assert mgr.all_steps() == [3]
+        got = mgr.restore()
+        assert _source(mgr) == LOCAL and _same(got, state)
+    other = dict(abstract, w=jax.ShapeDtypeStruct((8, 4), np.float32, sharding=NamedSharding(mesh, P(None, "model"))))
+    bigger = dict(abstract, n=jax.ShapeDtypeStruct((7,), np.int32, sharding=abstract["n"].sharding))
+    fewer = {"w": abstract["w"]}
+    for target, why in ((other, "another sharding"), (bigger, "int32[6], the target int32[7]"),
+                        (fewer, "its tree differs")):
+        with MultiTierCheckpointManager(tmp_path / "l", tmp_path / "p", abstract_state=target, **kw) as mgr:
+            assert mgr.all_steps() == []
+            with pytest.raises(NotFoundError):
+                mgr.restore()
+            with pytest.raises(NotFoundError):
+                mgr.restore(3)
+            reason = mgr._local_report(None, target)[1][3]
+            assert "written without a fingerprint" in reason and why in reason, reason

@@ -13,7 +13,11 @@ processes (a restart), sharing the directories:
    collective; a new step is saved, then process 0's tier is deleted and replica 1 serves;
 5. every local tier is deleted: the newest persistent step is restored;
 
-and Orbax's plain ``CheckpointManager`` restores the persistent tier.  Every restore compares
+and Orbax's plain ``CheckpointManager`` restores the persistent tier.  Every save carries
+each process's own JSON state (a data iterator's position) and every restore must give each
+process its own back, whichever tier it reads.  Separately, Orbax's own emergency
+``CheckpointManager`` writes a job (local steps on replica 1 only) that ours restores from
+the local tier.  Every restore compares
 each addressable shard with the expected values bit for bit (``-0.0`` and NaN payloads
 included).  A 4-process job (2 processes per replica) checks barriers among replica 0 only
 and a replica that is incomplete although one of its processes has the step.
@@ -60,20 +64,30 @@ def run_job(job: dict[str, Any], workdir: Path, timeout: float = 240) -> list[di
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(job["processes"])]
     results = []
+    problems = []
     try:
         for p in procs:
-            out, err = p.communicate(timeout=timeout)
+            try:
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+                problems.append(f"a worker timed out:\n{err[-3000:]}")
+                continue
             lines = [ln for ln in out.splitlines() if ln.startswith("{")]
             if not lines:
-                pytest.fail(f"worker failed ({p.returncode}):\n{err[-5000:]}")
+                problems.append(f"worker failed ({p.returncode}):\n{err[-5000:]}")
+                continue
             res = json.loads(lines[-1])
             if "crash" in res:
-                pytest.fail(f"process {res['process']} crashed:\n{res['crash']}")
+                problems.append(f"process {res['process']} crashed:\n{res['crash']}")
             results.append(res)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+    if problems:
+        pytest.fail("\n\n".join(problems))
     return results
 
 
@@ -103,6 +117,14 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return out
 
 
+def _own_states(results: list[dict[str, Any]], i: int) -> None:
+    """Every process got its own JSON state of the restored step back."""
+    for r in results:
+        got = r["actions"][i]
+        assert got["process_state"] == {"process": r["process"], "position": got["step"] * 1000 + r["process"],
+                                        "shard": f"part-{r['process']}-of-{len(results)}"}, got
+
+
 def _restores(results: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
     return [r["actions"][i] for r in results]
 
@@ -116,12 +138,16 @@ def test_save_then_restore_from_local(history: dict[str, Any]) -> None:
     assert [r["local_steps"] for r in res] == [[3, 4, 5]] * 2  # LatestN(3) per process
     assert [r["persistent_steps"] for r in res] == [[0, 2, 4]] * 2
     assert [r["all_steps"] for r in res] == [[0, 2, 3, 4, 5]] * 2
+    _own_states(res, 1)
     assert history["listing_after_save"] == {"p0": ["3", "4", "5"], "p1": ["3", "4", "5"]}
     root = history["root"]
     # the local step layout: each process wrote only its own database; topology recorded
     step = root / "saved_p1_5"
     assert sorted(p.name for p in step.iterdir()) == ["_CHECKPOINT_METADATA", "commit_success.txt", "metrics",
-                                                      "process_metadata", "state"]
+                                                      "process_metadata", "process_state", "state"]
+    # every process's JSON state is in every process's local step (a peer restore serves it)
+    states = json.loads((step / "process_state" / "metadata").read_text())["states"]
+    assert [s["position"] for s in states] == [5000, 5001]
     assert sorted(p.name for p in (step / "state").glob("ocdbt.process_*")) == ["ocdbt.process_1"]
     procs = json.loads((step / "process_metadata" / "global_process_metadata.json").read_text())
     mesh = json.loads((step / "process_metadata" / "mesh_metadata.json").read_text())
@@ -133,6 +159,8 @@ def test_save_then_restore_from_local(history: dict[str, Any]) -> None:
     pstep = root / "persistent" / "4"
     assert sorted(p.name for p in (pstep / "default").glob("ocdbt.process_*")) == ["ocdbt.process_0"]
     assert (pstep / "commit_success.txt").exists()
+    assert [s["position"] for s in json.loads((pstep / "process_state" / "metadata").read_text())["states"]] == [
+        4000, 4001]
 
 
 def test_changed_topology_falls_back_to_persistent(history: dict[str, Any]) -> None:
@@ -140,6 +168,7 @@ def test_changed_topology_falls_back_to_persistent(history: dict[str, Any]) -> N
         for r in _restores(history[name], 0):
             assert (r["step"], r["source"], r["errors"]) == (4, "persistent", []), (name, r)
             assert any("another topology" in n for n in r["notes"]), r["notes"]
+        _own_states(history[name], 0)
     notes = " ".join(_restores(history["topology"], 0)[0]["notes"])
     assert "device ids" in notes or "processes" in notes
     # the refused local steps are left alone
@@ -152,15 +181,21 @@ def test_lost_local_tier_restored_from_peer(history: dict[str, Any]) -> None:
     for r in _restores(res, 0):
         assert (r["step"], r["source"], r["replica"], r["errors"]) == (5, "peer", 0, []), r
         assert any("do not hold step 5 locally" in n for n in r["notes"])
+    _own_states(res, 0)  # process 1 lost its tier: its state came from process 0's step
+    _own_states(res, 2)
     assert [r["actions"][1]["saved"] for r in res] == [[7]] * 2
     for r in _restores(res, 2):  # both hold step 7 now
         assert (r["step"], r["source"], r["errors"]) == (7, "local", []), r
     assert [r["local_steps"] for r in res] == [[4, 5, 7], [7]]
+    # both list the same steps: step 3, pruned from process 0's tier, is gone everywhere
+    assert [r["all_steps"] for r in res] == [[0, 2, 4, 5, 7]] * 2
     # process 0 lost its tier too: replica 1 (process 1) serves step 7; step 5 only existed
     # in process 0's deleted tier, so asking for it fails everywhere with the same error
     res = history["peer_from_1"]
     for r in _restores(res, 0):
         assert (r["step"], r["source"], r["replica"], r["errors"]) == (7, "peer", 1, []), r
+    _own_states(res, 0)
+    assert [r["all_steps"] for r in res] == [[0, 2, 4, 7]] * 2
     errors = [r["error"] for r in _restores(res, 1)]
     assert errors[0] == errors[1] and "step 5" in errors[0] and "NotFoundError" in errors[0]
 
@@ -172,6 +207,8 @@ def test_all_local_tiers_lost_restores_persistent(history: dict[str, Any]) -> No
         assert (r["step"], r["source"], r["errors"]) == (4, "persistent", []), r
     for r in _restores(res, 1):
         assert (r["step"], r["source"], r["errors"]) == (2, "persistent", []), r
+    _own_states(res, 0)
+    _own_states(res, 1)
 
 
 def test_orbax_restores_the_persistent_tier(history: dict[str, Any]) -> None:
@@ -209,3 +246,51 @@ def test_four_processes_two_per_replica(tmp_path: Path) -> None:
     res = run_job({**base, "actions": [{"do": "restore"}]}, tmp_path)
     for r in _restores(res, 0):
         assert (r["step"], r["source"], r["replica"], r["errors"]) == (3, "peer", 0, []), r
+
+
+def test_orbax_written_local_steps_restore_from_local(tmp_path: Path) -> None:
+    """Orbax's emergency manager keeps local steps on replica 1 only (replica 0 writes the
+    persistent tier): ours restores the newest one from replica 1's local tier and copies it
+    to replica 0, since the recorded mesh, tree and shardings match; on another mesh order
+    it falls back to the persistent tier."""
+    base = {"processes": 2, "devices": 4, "local": str(tmp_path / "local" / "p{process_index}"),
+            "persistent": str(tmp_path / "persistent"), "timeout": 60,
+            "local_every": 1, "local_keep": 2, "persistent_every": 2}
+    res = run_job({**base, "actions": [{"do": "orbax_emergency_save", "steps": [0, 1, 2, 3]}]}, tmp_path)
+    assert [r["actions"][0]["saved"] for r in res] == [[0, 1, 2, 3]] * 2
+    assert sorted(os.listdir(tmp_path / "local" / "p1")) == ["2", "3"] and not os.listdir(tmp_path / "local" / "p0")
+    meta = json.loads((tmp_path / "local" / "p1" / "3" / "_CHECKPOINT_METADATA").read_text())
+    assert not meta.get("custom_metadata")  # no fingerprint of ours
+    res = run_job({**base, "local_keep": 3, "actions": [{"do": "restore"}, {"do": "restore", "step": 2}]}, tmp_path)
+    assert [r["initial_steps"] for r in res] == [[0, 2, 3]] * 2
+    for i, step in ((0, 3), (1, 2)):
+        for r in _restores(res, i):
+            assert (r["step"], r["source"], r["replica"], r["errors"]) == (step, "peer", 1, []), r
+            assert r["process_state"] is None  # Orbax saved no per-process JSON
+    res = run_job({**base, "swap_replicas": True, "actions": [{"do": "restore"}]}, tmp_path)
+    for r in _restores(res, 0):
+        assert (r["step"], r["source"], r["errors"]) == (2, "persistent", []), r
+        assert any("another topology" in n for n in r["notes"]), r["notes"]
+
+
+def test_orbax_emergency_face(tmp_path: Path) -> None:
+    """``ocdbt_py.orbax.emergency.CheckpointManager`` driven with Orbax's own ``args``: a
+    per-process ``dataset`` JSON item comes back to each process; Orbax's emergency manager
+    then restores what ours wrote (from replica 1's local tier, as it always reads; compared
+    as numbers, since Orbax's own cross-replica copy is not bit-exact)."""
+    base = {"processes": 2, "devices": 4, "local": str(tmp_path / "local" / "p{process_index}"),
+            "persistent": str(tmp_path / "persistent"), "timeout": 60,
+            "local_every": 1, "local_keep": 2, "persistent_every": 2}
+    res = run_job({**base, "actions": [{"do": "face", "steps": [0, 1, 2, 3, 4, 5]}]}, tmp_path)
+    for r in res:
+        got = r["actions"][0]
+        assert got["saved"] == [0, 1, 2, 3, 4, 5] and got["all_steps"] == [0, 2, 4, 5], got
+        assert (got["step"], got["source"], got["errors"]) == (5, "local", []), got
+        assert got["dataset"] == {"process": r["process"], "position": 5000 + r["process"], "shard":
+                                  f"part-{r['process']}-of-2"}
+    assert [r["actions"][0]["in_primary_slice"] for r in res] == [True, False]
+    res = run_job({**base, "actions": [{"do": "orbax_emergency_restore"}]}, tmp_path)
+    for r in res:
+        got = r["actions"][0]
+        assert (got["step"], got["errors"]) == (5, []), got
+        assert got["all_steps"] == [0, 2, 4, 5]

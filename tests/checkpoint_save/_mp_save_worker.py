@@ -2,8 +2,9 @@
 
 Usage: python _mp_save_worker.py OUT_DIR NUM_PROCESSES PROCESS_ID PORT DEVICES_PER_PROCESS.
 Every process builds the same global arrays (values from ``global_values()``) over all
-devices and calls ``save`` three times: Zarr v2 (sync), Zarr v3 (async, composite with a
-JSON item), and Zarr v2 with small chunks.  Process 0 commits; all print a JSON result line.
+devices and calls ``save`` five times: Zarr v2 (sync), Zarr v3 (async, composite with a
+JSON item), Zarr v2 with small chunks, and the per-parameter layout (``use_ocdbt=False``,
+Zarr v2 and v3).  Process 0 commits; all print a JSON result line.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def main() -> dict:
              use_zarr3=True, blocking=False)
     h.wait()
     save(out / "chunked", tree, chunk_byte_size=256, ocdbt_target_data_file_size=2048)
+    save(out / "perparam", tree, use_ocdbt=False)
+    save(out / "perparam3", tree, use_ocdbt=False, use_zarr3=True, chunk_byte_size=256)
     mine = sorted(p.name for p in (out / "zarr2").iterdir())
     # a failure on one process (the destination exists) fails the save everywhere, promptly
     t0 = time.monotonic()

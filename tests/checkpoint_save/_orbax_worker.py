@@ -169,7 +169,18 @@ def _check_arrays(got: dict[str, Any], tree: dict[str, Any], target: dict[str, A
     return errs
 
 
-def _layout_diff(ours: Path, theirs: Path) -> list[str]:
+def _files_diff(ours: Path, theirs: Path) -> list[str]:
+    """Per-parameter layout: the same files, equal Zarr metadata files."""
+    fa = sorted(str(p.relative_to(ours)) for p in ours.rglob("*") if p.is_file())
+    fb = sorted(str(p.relative_to(theirs)) for p in theirs.rglob("*") if p.is_file())
+    if fa != fb:
+        return [f"files differ: only ours {sorted(set(fa) - set(fb))[:10]}, "
+                f"only Orbax {sorted(set(fb) - set(fa))[:10]}"]
+    return [f"{f}: zarr metadata differs" for f in fb if f.endswith((".zarray", "zarr.json"))
+            and (ours / f).read_bytes() != (theirs / f).read_bytes()]
+
+
+def _layout_diff(ours: Path, theirs: Path, use_ocdbt: bool = True) -> list[str]:
     import ocdbt_py
 
     errs = []
@@ -179,7 +190,7 @@ def _layout_diff(ours: Path, theirs: Path) -> list[str]:
             errs.append(f"{f}: exists {a.exists()} vs Orbax {b.exists()}")
         elif a.exists() and a.read_bytes() != b.read_bytes():
             errs.append(f"{f}: differs from Orbax's\n ours:   {a.read_text()[:600]}\n theirs: {b.read_text()[:600]}")
-    for sub in ("", "ocdbt.process_0"):
+    for sub in ("", "ocdbt.process_0") if use_ocdbt else ():
         A, B = ocdbt_py.open(str(ours / sub)), ocdbt_py.open(str(theirs / sub))
         ka, kb = list(A.list()), list(B.list())
         if ka != kb:
@@ -197,6 +208,8 @@ def _layout_diff(ours: Path, theirs: Path) -> list[str]:
     cb = json.loads((theirs / "_CHECKPOINT_METADATA").read_text())
     if list(ca) != list(cb) or ca["item_handlers"] != cb["item_handlers"]:
         errs.append(f"_CHECKPOINT_METADATA: {ca} vs {cb}")
+    if not use_ocdbt:
+        errs += _files_diff(ours, theirs)
     return errs
 
 
@@ -207,14 +220,15 @@ def job_jax_layout(job: dict[str, Any]) -> dict[str, Any]:
     errs: list[str] = []
     ours, theirs = root / "ours", root / "theirs"
     ocpy.save(ours, tree, **opts)
-    handler = ocp.PyTreeCheckpointHandler(use_zarr3=opts.get("use_zarr3", False))
+    handler = ocp.PyTreeCheckpointHandler(use_zarr3=opts.get("use_zarr3", False),
+                                          use_ocdbt=opts.get("use_ocdbt", True))
     save_args = None
     if "chunk_byte_size" in opts:
         save_args = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=opts["chunk_byte_size"]), tree)
     args = ocp.args.PyTreeSave(tree, save_args=save_args,
                                ocdbt_target_data_file_size=opts.get("ocdbt_target_data_file_size"))
     ocp.Checkpointer(handler).save(theirs, args=args)
-    errs += _layout_diff(ours, theirs)
+    errs += _layout_diff(ours, theirs, opts.get("use_ocdbt", True))
     # Orbax restores ours onto another mesh; so do we.
     mesh = _mesh24()
     target = _targets(tree, mesh)
@@ -333,9 +347,9 @@ def job_mp_restore(job: dict[str, Any]) -> dict[str, Any]:
 
     vals = global_values()
     errs: list[str] = []
-    for sub, zarr3 in job["paths"]:
+    for sub, zarr3, *rest in job["paths"]:
         path = Path(job["root"]) / sub
-        handler = ocp.PyTreeCheckpointHandler(use_zarr3=zarr3)
+        handler = ocp.PyTreeCheckpointHandler(use_zarr3=zarr3, use_ocdbt=rest[0] if rest else True)
         for mesh in (_mesh42(), _mesh24()):
             target = {}
             for name in SPECS:
@@ -405,7 +419,7 @@ def job_crash_check(job: dict[str, Any]) -> dict[str, Any]:
 def job_orbax_save(job: dict[str, Any]) -> dict[str, Any]:
     """Orbax saves a NumPy tree (the reference our own save of the same tree is compared to)."""
     tree = getattr(_trees, job["tree"])()
-    handler = ocp.PyTreeCheckpointHandler(use_zarr3=job.get("use_zarr3", False))
+    handler = ocp.PyTreeCheckpointHandler(use_zarr3=job.get("use_zarr3", False), use_ocdbt=job.get("use_ocdbt", True))
     save_args = None
     if job.get("chunk_byte_size"):
         save_args = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=job["chunk_byte_size"]), tree)

@@ -144,6 +144,10 @@ def test_tree_on_a_plain_database_is_one_line_error(cli, tiny_db) -> None:
 def test_missing_database_is_one_line_error(cli, tmp_path: Path) -> None:
     r = cli("ls", tmp_path / "nowhere")
     assert r.status == 1
+    assert r.err == f"ocdbt: error: {tmp_path / 'nowhere'} does not exist\n"
+    (tmp_path / "empty").mkdir()
+    r = cli("ls", tmp_path / "empty")
+    assert r.status == 1
     assert r.err.startswith("ocdbt: error: no OCDBT database")
     assert r.err.count("\n") == 1 and "Traceback" not in r.err
 

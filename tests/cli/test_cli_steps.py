@@ -37,7 +37,8 @@ def test_steps_lists_committed_steps(cli: Callable[..., Result], tmp_path: Path)
 
 def test_steps_with_a_prefix_and_errors(cli: Callable[..., Result], tmp_path: Path) -> None:
     root = _root(tmp_path / "run", step_prefix="ckpt", step_format_fixed_length=4)
-    assert json.loads(cli("steps", root, "--json").out) == []  # plain-integer names: none
+    r = cli("steps", root, "--json")  # plain-integer names: none, and the fix is named
+    assert r.status == 2 and "pass --prefix ckpt --width 4" in r.err and r.out == ""
     doc = json.loads(cli("steps", root, "--prefix", "ckpt", "--width", "4", "--json").out)
     assert [d["name"] for d in doc] == ["ckpt_0003", "ckpt_0007"]
     r = cli("steps", tmp_path / "missing")

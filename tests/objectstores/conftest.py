@@ -2,12 +2,15 @@
 and latency proxies in front of the S3 server (one per delay, shared by the modules that
 count requests; each test resets the counters it reads).
 
-A server that cannot start fails the tests that need it (with its log), never skips them.
+A server that cannot start fails the tests that need it (with its log), never skips them,
+with one exception: without Node.js/npm (which the README names as optional) and without an
+azurite installed some other way, the Azure tests skip and say so.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -50,8 +53,19 @@ def gcs_server() -> Iterator[servers.GcsServer]:
     yield from _serve(servers.start_gcs)
 
 
+def skip_without_node() -> None:
+    """Skip when azurite is not installed and cannot be (no Node.js/npm on this machine)."""
+    try:
+        servers.azurite_binary()
+    except servers.ServerStartError:
+        if shutil.which("npm") is None or shutil.which("node") is None:
+            pytest.skip("the Azure tests need azurite, which needs Node.js >= 18 and npm (not found here): "
+                        "install them and rerun `make test`")
+
+
 @pytest.fixture(scope="session")
 def azure_server() -> Iterator[servers.AzureServer]:
+    skip_without_node()
     yield from _serve(servers.start_azure)
 
 

@@ -412,7 +412,9 @@ def test_groups() -> None:
         g.create_group("sub")
         g2 = zarr3.open_group(store, f"g{fmt}")
         assert g2.attrs == {"k": fmt} and g2.zarr_format == fmt
-        assert g2.members() == ["arr", "sub"]
+        assert g2.keys() == ["arr", "sub"] == list(g2) and len(g2) == 2
+        assert [(n, type(m).__name__) for n, m in g2.members()] == [("arr", "Array"), ("sub", "Group")]
+        assert g2.array_keys() == ["arr"] and g2.group_keys() == ["sub"]
         child = g2["arr"]
         assert isinstance(child, zarr3.Array)
         np.testing.assert_array_equal(child[...], [1, 2, 3])

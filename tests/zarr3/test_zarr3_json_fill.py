@@ -140,7 +140,7 @@ def test_raw_data_type() -> None:
         parse_data_type_v3("r12")
 
 
-@pytest.mark.parametrize("bad", ["float128", "string", 3, None, {"name": "int8", "configuration": {"x": 1}}])
+@pytest.mark.parametrize("bad", ["float128", "strings", 3, None, {"name": "int8", "configuration": {"x": 1}}])
 def test_unknown_data_type_names_field(bad: object) -> None:
     with pytest.raises(MetadataError) as ei:
         parse_data_type_v3(bad)
@@ -181,7 +181,7 @@ def test_v2_dtype_string_output() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["<U4", "<M8[s]", "|O", [["a", "<f4"], ["a", "<i4"]], [["a", [["b", "<i4"]]]], "<f3", 7]
+    "bad", ["<U0", "<M8[xs]", "|S0", [["a", "<f4"], ["a", "<i4"]], [["a", [["b", "<i4"]]]], "<f3", 7]
 )
 def test_v2_unsupported_dtypes(bad: object) -> None:
     with pytest.raises(MetadataError) as ei:
@@ -277,7 +277,7 @@ def test_complex_and_int_fill_values() -> None:
         ("int8", True),
         ("uint8", -1),
         ("int4", 8),
-        ("bool", 0),
+        ("bool", 2),
         ("bool", "NaN"),
         ("float32", "nan"),
         ("float32", "0x1ffffffff"),

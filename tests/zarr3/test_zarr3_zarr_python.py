@@ -134,7 +134,8 @@ def test_we_read_zarr_python_groups(tmp_path: Path) -> None:
     g.create_group("sub").create_array("y", shape=(2,), dtype="f4")[...] = [0.5, 1.5]
     G = zarr3.open_group(str(tmp_path / "g"))
     assert G.attrs == {"title": "t"}
-    assert G.members() == ["sub", "x"]
+    assert G.keys() == ["sub", "x"] == list(G) == sorted(g.keys())
+    assert [n for n, _ in G.members()] == sorted(n for n, _ in g.members())
     sub = G["sub"]
     assert isinstance(sub, zarr3.Group)
     y = sub["y"]

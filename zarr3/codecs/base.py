@@ -30,6 +30,8 @@ __all__ = [
     "BytesBytesCodec",
     "check_config",
     "as_uint8",
+    "encoder_int",
+    "clamp",
 ]
 
 #: Anything exposing the buffer protocol that codecs accept and return.
@@ -72,6 +74,23 @@ def check_config(config: Any, allowed: Sequence[str], field: str, *, required: S
         if key not in config:
             raise MetadataError(f"{field}.{key}", None, "required codec configuration member")
     return config
+
+
+def encoder_int(value: Any, field: str) -> int:
+    """An encoder-only integer setting (a compression level, lz4's acceleration).
+
+    The decoder never needs it, so any integer a peer wrote is accepted (zarr-python writes
+    gzip ``level: -1``, lz4 ``acceleration: 0``, zstd ``level: 100``); encoding clamps it to
+    what the library takes (:func:`clamp`).  Only a non-integer is invalid metadata.
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise MetadataError(field, value, "expected an integer")
+    return value
+
+
+def clamp(value: int, lo: int, hi: int) -> int:
+    """``value`` limited to ``[lo, hi]`` (encoder settings a library would reject)."""
+    return max(lo, min(hi, value))
 
 
 def as_uint8(data: Buffer | np.ndarray) -> memoryview:

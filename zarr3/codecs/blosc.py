@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from ocdbt_py.errors import CorruptionError
-from zarr3.codecs.base import Buffer, BytesBytesCodec, ChunkSpec, check_config
+from zarr3.codecs.base import Buffer, BytesBytesCodec, ChunkSpec, check_config, clamp, encoder_int
 from zarr3.errors import CodecUnavailableError, MetadataError
 
 __all__ = ["BloscCodec"]
@@ -40,6 +40,31 @@ def _blosc() -> Any:
             pass
         _blosc_mod = blosc
     return _blosc_mod
+
+
+# flags bits 5-7 of a blosc header: the compressor library of the frame
+_FORMATS = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
+
+
+def _check_compressor(blosc: Any, data: Buffer) -> None:
+    """Raise :class:`CodecUnavailableError` when the frame's compressor is not built in."""
+    flags = memoryview(data)[2]
+    lib = _FORMATS.get((flags >> 5) & 7)
+    if lib is None:
+        raise CorruptionError(f"blosc frame names unknown compressor format {(flags >> 5) & 7}")
+    try:
+        available = set(blosc.compressor_list())
+    except Exception:  # pragma: no cover - very old python-blosc
+        return
+    if lib == "lz4":
+        available.discard("lz4hc")
+        ok = "lz4" in available or "lz4hc" in set(blosc.compressor_list())
+    else:
+        ok = lib in available
+    if not ok:
+        raise CodecUnavailableError(
+            f"blosc/{lib}", "blosc", reason=f"is not built into the installed blosc library ({sorted(available)})"
+        )
 
 
 def _int(value: Any, field: str, lo: int, hi: int) -> int:
@@ -73,7 +98,7 @@ class BloscCodec(BytesBytesCodec):
         if shuffle is not None and shuffle not in _SHUFFLES:
             raise MetadataError("shuffle", shuffle, f"expected one of {list(_SHUFFLES)}")
         self.cname = cname
-        self.clevel = _int(clevel, "clevel", 0, 9)
+        self.clevel = encoder_int(clevel, "clevel")
         self.shuffle = shuffle
         self.typesize = typesize
         self.blocksize = _int(blocksize, "blocksize", 0, 1 << 31)
@@ -93,7 +118,7 @@ class BloscCodec(BytesBytesCodec):
             typesize = _int(typesize, f"{field}.typesize", 1, 255)
         return cls(
             cname,
-            _int(cfg.get("clevel", 5), f"{field}.clevel", 0, 9),
+            encoder_int(cfg.get("clevel", 5), f"{field}.clevel"),
             shuffle,
             typesize,
             _int(cfg.get("blocksize", 0), f"{field}.blocksize", 0, 1 << 31),
@@ -113,7 +138,7 @@ class BloscCodec(BytesBytesCodec):
             shuffle = _SHUFFLES[v2_shuffle]
         return cls(
             cname,
-            _int(cfg.get("clevel", 5), f"{field}.clevel", 0, 9),
+            encoder_int(cfg.get("clevel", 5), f"{field}.clevel"),
             shuffle,
             itemsize,
             _int(cfg.get("blocksize", 0), f"{field}.blocksize", 0, 1 << 31),
@@ -158,10 +183,11 @@ class BloscCodec(BytesBytesCodec):
                 old = blosc.get_blocksize()
                 blosc.set_blocksize(self.blocksize)
                 try:
-                    return bytes(blosc.compress(data, self.typesize or 1, self.clevel, shuffle, self.cname))
+                    level = clamp(self.clevel, 0, 9)
+                    return bytes(blosc.compress(data, self.typesize or 1, level, shuffle, self.cname))
                 finally:
                     blosc.set_blocksize(old)
-        return bytes(blosc.compress(data, self.typesize or 1, self.clevel, shuffle, self.cname))
+        return bytes(blosc.compress(data, self.typesize or 1, clamp(self.clevel, 0, 9), shuffle, self.cname))
 
     def decode(self, data: Buffer, size: int | None, bound: int) -> Buffer:
         blosc = _blosc()
@@ -172,8 +198,12 @@ class BloscCodec(BytesBytesCodec):
             raise CorruptionError(f"blosc frame declares {nbytes} bytes, expected {size}")
         if nbytes > bound:
             raise CorruptionError(f"blosc frame declares {nbytes} bytes, more than {bound}")
-        if cbytes != len(data):
+        if cbytes > len(data) or cbytes < _HEADER:
             raise CorruptionError(f"blosc frame declares {cbytes} compressed bytes, has {len(data)}")
+        if cbytes < len(data):
+            # bytes after the frame (z5py pads chunks); the blosc library ignores them too
+            data = memoryview(data)[:cbytes]
+        _check_compressor(blosc, data)
         try:
             out = blosc.decompress(data)
         except Exception as e:

@@ -23,9 +23,9 @@ _NATIVE = sys.byteorder
 
 def swap_bytes(arr: np.ndarray, dt: DataType) -> np.ndarray:
     """Return a byte-swapped copy of ``arr`` (each element, or each complex component)."""
-    if dt.kind == "raw" or dt.itemsize == 1:
+    if dt.kind in ("raw", "bytes", "struct") or dt.itemsize == 1:
         return np.array(arr, copy=True)
-    unit = dt.component.itemsize
+    unit = 4 if dt.kind == "unicode" else dt.component.itemsize
     flat = np.ascontiguousarray(arr).reshape(-1).view(f"u{unit}")
     return flat.byteswap().view(dt.dtype).reshape(arr.shape)
 
@@ -54,7 +54,11 @@ class BytesCodec(ArrayBytesCodec):
         return {"endian": self.endian}
 
     def resolve(self, spec: ChunkSpec, field: str) -> BytesCodec:
-        if spec.dtype.itemsize == 1 or spec.dtype.kind == "raw":
+        if spec.dtype.variable:
+            raise MetadataError(
+                f"{field}.name", self.name, f"{spec.dtype.name} has no fixed size; use vlen-utf8 or vlen-bytes"
+            )
+        if spec.dtype.itemsize == 1 or spec.dtype.kind in ("raw", "bytes", "struct"):
             return BytesCodec(None)
         return BytesCodec(self.endian or "little")
 

@@ -6,7 +6,7 @@ import bz2 as _bz2
 from typing import Any
 
 from ocdbt_py.errors import CorruptionError
-from zarr3.codecs.base import Buffer, BytesBytesCodec, check_config
+from zarr3.codecs.base import Buffer, BytesBytesCodec, check_config, clamp, encoder_int
 from zarr3.errors import MetadataError
 
 __all__ = ["Bz2Codec"]
@@ -18,9 +18,7 @@ class Bz2Codec(BytesBytesCodec):
     name = "bz2"
 
     def __init__(self, level: int = 1):
-        if not isinstance(level, int) or isinstance(level, bool) or not 1 <= level <= 9:
-            raise MetadataError("level", level, "expected an integer level in [1, 9]")
-        self.level = level
+        self.level = encoder_int(level, "level")
 
     @classmethod
     def from_config(cls, config: Any, field: str) -> Bz2Codec:
@@ -30,10 +28,7 @@ class Bz2Codec(BytesBytesCodec):
     def from_v2(cls, config: dict[str, Any], field: str) -> Bz2Codec:
         """Build from a v2 ``{"id": "bz2", "level": n}`` compressor."""
         cfg = check_config(config, ("id", "level"), field)
-        level = cfg.get("level", 1)
-        if not isinstance(level, int) or isinstance(level, bool) or not 1 <= level <= 9:
-            raise MetadataError(f"{field}.level", level, "expected an integer level in [1, 9]")
-        return cls(level)
+        return cls(encoder_int(cfg.get("level", 1), f"{field}.level"))
 
     def to_v2(self) -> dict[str, Any]:
         """The v2 compressor object."""
@@ -43,7 +38,7 @@ class Bz2Codec(BytesBytesCodec):
         return {"level": self.level}
 
     def encode(self, data: Buffer) -> Buffer:
-        return _bz2.compress(data, self.level)
+        return _bz2.compress(data, clamp(self.level, 1, 9))
 
     def decode(self, data: Buffer, size: int | None, bound: int) -> Buffer:
         limit = bound if size is None else size

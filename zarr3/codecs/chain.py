@@ -31,6 +31,13 @@ def equals_fill(arr: np.ndarray, fill: np.ndarray | None) -> bool:
     itemsize = arr.dtype.itemsize
     if arr.size == 0:
         return True
+    if arr.dtype.kind in "OT":  # variable-length elements: compare values
+        target = "" if fill is None and arr.dtype.kind == "T" else (None if fill is None else fill[()])
+        return bool(all(x == target for x in arr.reshape(-1).tolist()))
+    if arr.dtype.kind in "SU":  # fixed-size strings: compare the raw bytes of each element
+        rows = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).reshape(-1, itemsize)
+        pattern = bytes(itemsize) if fill is None else np.asarray(fill, arr.dtype).tobytes()
+        return bool((rows == np.frombuffer(pattern, np.uint8)).all())
     if itemsize in (1, 2, 4, 8) and arr.dtype.names is None:
         # cheap early exit: real data rarely starts or ends with the fill value
         ubits = np.dtype(f"u{itemsize}")

@@ -10,16 +10,14 @@ import zlib
 from typing import Any
 
 from zarr3.codecs._deflate import deflate_bound, inflate
-from zarr3.codecs.base import Buffer, BytesBytesCodec, check_config
-from zarr3.errors import MetadataError
+from zarr3.codecs.base import Buffer, BytesBytesCodec, check_config, clamp, encoder_int
 
 __all__ = ["GzipCodec"]
 
 
 def _level(value: Any, field: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 9:
-        raise MetadataError(field, value, "expected an integer level in [0, 9]")
-    return value
+    # encoder-only: -1 is zlib's default level, others are clamped when encoding
+    return encoder_int(value, field)
 
 
 class GzipCodec(BytesBytesCodec):
@@ -49,7 +47,7 @@ class GzipCodec(BytesBytesCodec):
         return {"level": self.level}
 
     def encode(self, data: Buffer) -> Buffer:
-        c = zlib.compressobj(self.level, zlib.DEFLATED, 31)
+        c = zlib.compressobj(clamp(self.level, -1, 9), zlib.DEFLATED, 31)
         return c.compress(data) + c.flush()
 
     def decode(self, data: Buffer, size: int | None, bound: int) -> Buffer:

@@ -10,7 +10,7 @@ import struct
 from typing import Any
 
 from ocdbt_py.errors import CorruptionError
-from zarr3.codecs.base import Buffer, BytesBytesCodec, check_config
+from zarr3.codecs.base import Buffer, BytesBytesCodec, check_config, clamp, encoder_int
 from zarr3.errors import CodecUnavailableError, MetadataError
 
 __all__ = ["Lz4Codec"]
@@ -31,9 +31,7 @@ class Lz4Codec(BytesBytesCodec):
     name = "lz4"
 
     def __init__(self, acceleration: int = 1):
-        if not isinstance(acceleration, int) or isinstance(acceleration, bool) or acceleration < 1:
-            raise MetadataError("acceleration", acceleration, "expected a positive integer")
-        self.acceleration = acceleration
+        self.acceleration = encoder_int(acceleration, "acceleration")
 
     @classmethod
     def from_config(cls, config: Any, field: str) -> Lz4Codec:
@@ -43,10 +41,7 @@ class Lz4Codec(BytesBytesCodec):
     def from_v2(cls, config: dict[str, Any], field: str) -> Lz4Codec:
         """Build from a v2 ``{"id": "lz4", "acceleration": n}`` compressor."""
         cfg = check_config(config, ("id", "acceleration"), field)
-        acc = cfg.get("acceleration", 1)
-        if not isinstance(acc, int) or isinstance(acc, bool) or acc < 1:
-            raise MetadataError(f"{field}.acceleration", acc, "expected a positive integer")
-        return cls(acc)
+        return cls(encoder_int(cfg.get("acceleration", 1), f"{field}.acceleration"))
 
     def to_v2(self) -> dict[str, Any]:
         """The v2 compressor object."""
@@ -56,7 +51,8 @@ class Lz4Codec(BytesBytesCodec):
         return {"acceleration": self.acceleration}
 
     def encode(self, data: Buffer) -> Buffer:
-        return bytes(_lz4_block().compress(data, mode="fast", acceleration=self.acceleration, store_size=True))
+        acc = clamp(self.acceleration, 1, 1 << 16)
+        return bytes(_lz4_block().compress(data, mode="fast", acceleration=acc, store_size=True))
 
     def decode(self, data: Buffer, size: int | None, bound: int) -> Buffer:
         block = _lz4_block()

@@ -6,7 +6,7 @@ import zlib
 from typing import Any
 
 from zarr3.codecs._deflate import deflate_bound, inflate
-from zarr3.codecs.base import Buffer, BytesBytesCodec, check_config
+from zarr3.codecs.base import Buffer, BytesBytesCodec, check_config, clamp, encoder_int
 from zarr3.errors import MetadataError
 
 __all__ = ["ZlibCodec"]
@@ -18,9 +18,7 @@ class ZlibCodec(BytesBytesCodec):
     name = "zlib"
 
     def __init__(self, level: int = 1):
-        if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= 9:
-            raise MetadataError("level", level, "expected an integer level in [0, 9]")
-        self.level = level
+        self.level = encoder_int(level, "level")
 
     @classmethod
     def from_config(cls, config: Any, field: str) -> ZlibCodec:
@@ -30,10 +28,7 @@ class ZlibCodec(BytesBytesCodec):
     def from_v2(cls, config: dict[str, Any], field: str) -> ZlibCodec:
         """Build from a v2 ``{"id": "zlib", "level": n}`` compressor."""
         cfg = check_config(config, ("id", "level"), field)
-        level = cfg.get("level", 1)
-        if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= 9:
-            raise MetadataError(f"{field}.level", level, "expected an integer level in [0, 9]")
-        return cls(level)
+        return cls(encoder_int(cfg.get("level", 1), f"{field}.level"))
 
     def to_v2(self) -> dict[str, Any]:
         """The v2 compressor object."""
@@ -43,7 +38,7 @@ class ZlibCodec(BytesBytesCodec):
         return {"level": self.level}
 
     def encode(self, data: Buffer) -> Buffer:
-        c = zlib.compressobj(self.level, zlib.DEFLATED, 15)
+        c = zlib.compressobj(clamp(self.level, -1, 9), zlib.DEFLATED, 15)
         return c.compress(data) + c.flush()
 
     def decode(self, data: Buffer, size: int | None, bound: int) -> Buffer:

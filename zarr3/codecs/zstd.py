@@ -14,7 +14,7 @@ from typing import Any
 import zstandard
 
 from ocdbt_py.errors import CorruptionError
-from zarr3.codecs.base import Buffer, BytesBytesCodec, ChunkSpec, check_config
+from zarr3.codecs.base import Buffer, BytesBytesCodec, ChunkSpec, check_config, clamp, encoder_int
 from zarr3.errors import MetadataError
 
 __all__ = ["ZstdCodec", "zstd_compress", "zstd_decompress"]
@@ -144,8 +144,7 @@ class ZstdCodec(BytesBytesCodec):
     name = "zstd"
 
     def __init__(self, level: int = 3, checksum: bool = False):
-        if not isinstance(level, int) or isinstance(level, bool) or not -131072 <= level <= 22:
-            raise MetadataError("level", level, "zstd level must be an integer in [-131072, 22]")
+        encoder_int(level, "level")
         if not isinstance(checksum, bool):
             raise MetadataError("checksum", checksum, "expected true or false")
         self.level = level
@@ -156,8 +155,7 @@ class ZstdCodec(BytesBytesCodec):
         cfg = check_config(config, ("level", "checksum"), field)
         level = cfg.get("level", 3)
         checksum = cfg.get("checksum", False)
-        if not isinstance(level, int) or isinstance(level, bool) or not -131072 <= level <= 22:
-            raise MetadataError(f"{field}.level", level, "expected an integer in [-131072, 22]")
+        encoder_int(level, f"{field}.level")
         if not isinstance(checksum, bool):
             raise MetadataError(f"{field}.checksum", checksum, "expected true or false")
         return cls(level, checksum)
@@ -168,8 +166,7 @@ class ZstdCodec(BytesBytesCodec):
         cfg = check_config(config, ("id", "level", "checksum"), field)
         level = cfg.get("level", 1)
         checksum = cfg.get("checksum", False)
-        if not isinstance(level, int) or isinstance(level, bool) or not -131072 <= level <= 22:
-            raise MetadataError(f"{field}.level", level, "expected an integer in [-131072, 22]")
+        encoder_int(level, f"{field}.level")
         if not isinstance(checksum, bool):
             raise MetadataError(f"{field}.checksum", checksum, "expected true or false")
         return cls(level, checksum)
@@ -192,7 +189,8 @@ class ZstdCodec(BytesBytesCodec):
         return out
 
     def encode(self, data: Buffer) -> Buffer:
-        return zstd_compress(data, self.level, self.checksum, streaming=self._itemsize >= 4)
+        level = clamp(self.level, -131072, 22)
+        return zstd_compress(data, level, self.checksum, streaming=self._itemsize >= 4)
 
     def decode(self, data: Buffer, size: int | None, bound: int) -> Buffer:
         return zstd_decompress(data, size, bound)

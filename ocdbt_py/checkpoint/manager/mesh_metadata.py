@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ocdbt_py.checkpoint.jsonio import read_json
+from ocdbt_py.checkpoint.meta import LeafMetadata, metadata
 from ocdbt_py.checkpoint.saving.jax_arrays import sharding_json
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import KvStore
@@ -183,3 +184,59 @@ def state_fingerprint(tree: Any) -> str:
         doc.append([jax.tree_util.keystr(path), [int(d) for d in leaf.shape], str(leaf.dtype),
                     _sharding_description(getattr(leaf, "sharding", None))])
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _key_part(k: Any) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def _recorded_leaves(tree: Any, out: dict[tuple[str, ...], Any]) -> None:
+    if isinstance(tree, LeafMetadata):
+        out[tuple(str(p) for p in tree.path)] = tree
+    elif isinstance(tree, dict):
+        for v in tree.values():
+            _recorded_leaves(v, out)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            _recorded_leaves(v, out)
+
+
+def _as_doc(sharding: Any) -> Any:
+    if isinstance(sharding, (str, bytes)):
+        try:
+            return json.loads(sharding)
+        except ValueError:
+            return sharding
+    return sharding
+
+
+def foreign_state_problem(item_path: str, target: Any) -> str | None:
+    """Why a local step's state item written without our fingerprint (by Orbax's emergency
+    ``CheckpointManager``) cannot be read locally onto ``target`` (``None``: it can).
+
+    A local step holds only the regions its process's devices had, so the tree, every leaf's
+    shape and dtype, and the sharding Orbax recorded in ``_sharding`` must equal the
+    target's: otherwise this process would look for regions it never wrote.
+    """
+    # optional: JAX is imported only for trees that hold JAX objects
+    import jax
+
+    recorded: dict[tuple[str, ...], Any] = {}
+    _recorded_leaves(metadata(item_path, stored_sizes=False), recorded)
+    wanted = {tuple(_key_part(k) for k in path): leaf
+              for path, leaf in jax.tree_util.tree_flatten_with_path(target)[0]}
+    if set(recorded) != set(wanted):
+        diff = sorted(set(recorded) ^ set(wanted))[:3]
+        return f"its tree differs from the restore target's (e.g. {['.'.join(p) for p in diff]})"
+    for path, leaf in wanted.items():
+        md = recorded[path]
+        name = ".".join(path)
+        if md.shape is None or tuple(md.shape) != tuple(int(d) for d in leaf.shape) or md.dtype != leaf.dtype:
+            return f"{name} is {md.dtype}{list(md.shape or ())}, the target {leaf.dtype}{list(leaf.shape)}"
+        want = sharding_json(getattr(leaf, "sharding", None))
+        if want is None or _as_doc(md.sharding) != json.loads(want):
+            return f"{name} was saved with another sharding than the target's"
+    return None

@@ -6,6 +6,9 @@ waits for its commit on a background thread (saves are recorded in order), runs 
 step after the commit, and applies the retention policy.  Only a tier with ``deletes`` removes
 step directories; the others (processes that share a persistent tier they do not commit)
 just forget the steps.  A tier without a store only tracks steps other processes save.
+A tier given ``shared_infos`` applies retention to the union of its own steps and those
+(steps other processes hold, identical in every process), so that every process drops the
+same steps; ``on_forget`` is then called for the shared steps it drops too.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ class Tier:
 
     def __init__(self, label: str, kv: KvStore | None, fmt: StepNameFormat,
                  preservation: PreservationPolicy | None, *, deletes: bool,
-                 on_forget: Callable[[int], None] | None = None):
+                 on_forget: Callable[[int], None] | None = None,
+                 shared_infos: Callable[[], dict[int, StepInfo]] | None = None):
         self.label = label
         self.kv = kv
         self.fmt = fmt
@@ -46,6 +50,7 @@ class Tier:
         self._handle: Any = None
         self._errors: list[BaseException] = []
         self._on_forget = on_forget
+        self._shared_infos = shared_infos
         self._recorded: threading.Event | None = None  # set once the newest save's outcome is recorded
 
     # ---- queries --------------------------------------------------------------------------
@@ -191,15 +196,21 @@ class Tier:
     def _retain(self) -> None:
         if self.preservation is None:
             return
+        shared = self._shared_infos() if self._shared_infos is not None else {}
         with self._lock:
-            infos = [self._infos[s] for s in sorted(self._infos)]
+            own = dict(self._infos)
             busy = set(self._in_flight)
-        if not infos:
+        merged = {**shared, **own}
+        if not merged:
             return
+        infos = [merged[s] for s in sorted(merged)]
         keep = set(self.preservation.keep(infos))
         keep.add(infos[-1].step)  # never the newest committed step
         for s in [i.step for i in infos if i.step not in keep and i.step not in busy]:
-            self.forget(s)
+            if s in own:
+                self.forget(s)
+            elif self._on_forget is not None:
+                self._on_forget(s)
 
     def forget(self, step: int) -> None:
         """Drop ``step`` (and delete its directory when this tier deletes)."""

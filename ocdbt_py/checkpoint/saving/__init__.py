@@ -7,13 +7,14 @@
 3
 
 :func:`save` writes the layout Orbax 0.12 writes (OCDBT per process, merged root, Zarr v2 or
-v3 inside, ``_METADATA`` and friends) to any fsspec filesystem; see ``spec/orbax.md``.
+v3 inside, ``_METADATA`` and friends; or with ``use_ocdbt=False`` the per-parameter layout) to
+any fsspec filesystem; see ``spec/orbax.md``.
 Modules: :mod:`.params` (tree walk, names, collisions), :mod:`.chunking` (chunk shapes,
 replica-parallel axis), :mod:`.arrays` (Zarr metadata and chunk encoding),
 :mod:`.jax_arrays` (shards and shardings), :mod:`.host_copy` (copies for async saves),
 the databases themselves are built in one pass by :mod:`ocdbt_py.write.bulk` (streaming
 into data files through :mod:`ocdbt_py.kvstore.sinks`), :mod:`.process_writer` (a process's
-database), :mod:`.merge` (the merged root),
+database), :mod:`.dir_writer` (the per-parameter layout's files), :mod:`.merge` (the merged root),
 :mod:`.layout_writer` (metadata documents), :mod:`.atomic` (commit), :mod:`.async_save`
 (handles), :mod:`.distributed` (barriers), :mod:`.api` (``save``).
 """

@@ -32,6 +32,7 @@ from ocdbt_py.checkpoint.saving.chunking import (
     choose_chunk_shape,
     chunk_byte_limit,
 )
+from ocdbt_py.checkpoint.saving.dir_writer import DirWriter, check_files_complete
 from ocdbt_py.checkpoint.saving.distributed import Coordinator, coordinator
 from ocdbt_py.checkpoint.saving.host_copy import copy_arrays, keep_arena
 from ocdbt_py.checkpoint.saving.jax_arrays import default_replica_parallel, plan_jax_array
@@ -49,7 +50,7 @@ from ocdbt_py.checkpoint.saving.process_writer import ChunkJob, ProcessWriter, d
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
 
-__all__ = ["save", "JsonItem", "SaveHandle"]
+__all__ = ["save", "JsonItem", "SaveHandle", "SaveOptions", "ItemPlan", "make_options", "plan_item", "commit_items"]
 
 SaveHandle = async_save.SaveHandle
 _RESERVED_ITEM_NAMES = frozenset({"descriptor"})
@@ -75,8 +76,9 @@ class JsonItem:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Options:
+class SaveOptions:
     use_zarr3: bool
+    use_ocdbt: bool
     use_compression: bool
     chunk_byte_size: int | None
     leaf_chunk_byte_sizes: Mapping[str, int]  # param name -> chunk_byte_size for that array
@@ -88,7 +90,7 @@ class _Options:
 
 
 @dataclasses.dataclass
-class _ItemPlan:
+class ItemPlan:
     """One pytree item: what this process writes and what the primary records."""
 
     name: str | None
@@ -106,10 +108,12 @@ class _ItemPlan:
 
 
 def _spec(name: str, shape: tuple[int, ...], dtype: np.dtype[Any], write_shape: tuple[int, ...],
-          opts: _Options, item: str | None = None) -> ArraySpec:
+          opts: SaveOptions, item: str | None = None) -> ArraySpec:
     key = name if item is None else f"{item}/{name}"
     per_leaf = opts.leaf_chunk_byte_sizes.get(key, opts.chunk_byte_size)
-    limit = chunk_byte_limit(write_shape, dtype.itemsize, per_leaf, opts.target_data_file_size)
+    # Orbax caps chunks by the target data file size only for OCDBT
+    target = opts.target_data_file_size if opts.use_ocdbt else 0
+    limit = chunk_byte_limit(write_shape, dtype.itemsize, per_leaf, target)
     chunk = choose_chunk_shape(shape, write_shape, dtype.itemsize, limit)
     return ArraySpec(name, shape, dtype, tuple(write_shape), chunk,
                      3 if opts.use_zarr3 else 2, opts.use_compression)
@@ -126,9 +130,9 @@ def _copy_shared(plans: Mapping[str, Any], workers: int, reuse: bool) -> np.ndar
     """Replace every job's data that is the caller's memory by a private copy (async saves);
     returns the buffer holding the copies."""
 
-    where: list[tuple[_ItemPlan, int]] = []
+    where: list[tuple[ItemPlan, int]] = []
     for plan in plans.values():
-        if isinstance(plan, _ItemPlan):
+        if isinstance(plan, ItemPlan):
             where.extend((plan, i) for i, shared in enumerate(plan.shared) if shared)
     if not where:
         return None
@@ -150,11 +154,15 @@ def _scalar_array(value: Any, where: str) -> np.ndarray:
     return arr
 
 
-def _plan_item(name: str | None, tree: Any, coord: Coordinator, opts: _Options, handler: str | None,
-               custom_metadata: Any) -> _ItemPlan:
+def plan_item(name: str | None, tree: Any, coord: Coordinator, opts: SaveOptions, handler: str | None,
+              custom_metadata: Any) -> ItemPlan:
+    """Step 1 of :func:`save` for one item: its leaves, array specs, chunk jobs and metadata.
+
+    :func:`make_options`, :func:`plan_item` and :func:`commit_items` are the steps of a save
+    for writers that supply the array data themselves, chunk by chunk (a streamed import)."""
     leaves = flatten(tree)
     primary = coord.is_primary
-    plan = _ItemPlan(name, leaves, "", [], [], [], [], {}, {}, {}, [], custom_metadata)
+    plan = ItemPlan(name, leaves, "", [], [], [], [], {}, {}, {}, [], custom_metadata)
     only_arrays = True
     for leaf in leaves:
         vt = leaf.value_type
@@ -197,41 +205,51 @@ def _plan_item(name: str | None, tree: Any, coord: Coordinator, opts: _Options, 
     return plan
 
 
-def _write_process_part(item_kv: KvStore, plan: _ItemPlan, coord: Coordinator, opts: _Options
+def _write_process_part(item_kv: KvStore, plan: ItemPlan, coord: Coordinator, opts: SaveOptions
                         ) -> dict[bytes, Any] | None:
-    """Step 3 for one item: this process's database and array metadata file."""
-    writer = ProcessWriter(item_kv, coord.process_index,
-                           target_data_file_size=opts.target_data_file_size, sync=opts.sync)
+    """Step 3 for one item: this process's database (or files, per-parameter layout) and its
+    array metadata file."""
+    writer: ProcessWriter | DirWriter
+    if opts.use_ocdbt:
+        writer = ProcessWriter(item_kv, coord.process_index,
+                               target_data_file_size=opts.target_data_file_size, sync=opts.sync)
+    else:
+        writer = DirWriter(item_kv, sync=opts.sync)
     try:
         for spec in plan.metadata_specs:
             writer.put(spec.metadata_key, spec.metadata_bytes())
         writer.run(writer.tasks(plan.jobs), opts.workers)
     except BaseException:
-        writer.pool.abort()
+        writer.abort()
         raise
     writer.finish()
     if plan.array_metadatas:
         item_kv.set(f"{layout_writer.ARRAY_METADATAS}/process_{coord.process_index}",
                     layout_writer.array_metadatas_file(plan.array_metadatas))
+    if isinstance(writer, DirWriter):
+        return None
     return writer.entries if writer.entries else None
 
 
-def _finalize_item(item_kv: KvStore, plan: _ItemPlan, coord: Coordinator, opts: _Options,
+def _finalize_item(item_kv: KvStore, plan: ItemPlan, coord: Coordinator, opts: SaveOptions,
                    own: dict[bytes, Any] | None) -> None:
     """Step 4 for one item (primary): merged root, metadata files."""
-    if plan.specs:
+    entries: dict[bytes, Any] = {}
+    if not opts.use_ocdbt:
+        if plan.specs and not coord.partial:
+            check_files_complete(item_kv, plan.specs)
+    elif plan.specs:
         known = {coord.process_index: own} if own is not None else {}
         entries = collect_children(item_kv, coord.participants, known)
         if not coord.partial:
             check_complete(entries, plan.specs)
-    else:
-        entries = {}
     if plan.shardings:
         item_kv.set(layout_writer.SHARDING, layout_writer.sharding_file(plan.shardings))
     if plan.strings:
         item_kv.set(layout_writer.STRINGS, layout_writer.strings_file(plan.strings))
     item_kv.set(layout_writer.TREE_METADATA, layout_writer.tree_metadata(
-        plan.leaves, plan.write_shapes, use_zarr3=opts.use_zarr3, custom_metadata=plan.custom_metadata))
+        plan.leaves, plan.write_shapes, use_zarr3=opts.use_zarr3, custom_metadata=plan.custom_metadata,
+        use_ocdbt=opts.use_ocdbt))
     if entries:
         write_root(item_kv, entries, target_data_file_size=opts.target_data_file_size)
 
@@ -253,6 +271,7 @@ def save(
     composite: bool = False,
     force: bool = False,
     use_zarr3: bool = False,
+    use_ocdbt: bool = True,
     use_compression: bool = True,
     chunk_byte_size: int | None = None,
     leaf_chunk_byte_sizes: Mapping[str, int] | None = None,
@@ -290,6 +309,9 @@ def save(
       ``"dense.kernel"``; ``"<item>/<param name>"`` in a composite save) to a
       ``chunk_byte_size`` for that array alone, as a per-leaf ``SaveArgs(chunk_byte_size=...)``;
       it overrides ``chunk_byte_size`` for those arrays.
+    * ``use_ocdbt=False``: the per-parameter layout (``PyTreeCheckpointHandler(use_ocdbt=False)``):
+      each array's Zarr metadata and chunks are files in ``<item>/<param>/``; chunks are not
+      capped by ``ocdbt_target_data_file_size`` (there are no data files).
     * ``custom_metadata``: JSON stored in ``_CHECKPOINT_METADATA``;
       ``pytree_custom_metadata``: JSON stored in ``_METADATA`` (``PyTreeSave(custom_metadata=)``).
     * ``handler``: ``"standard"`` or ``"pytree"`` (handler name recorded for the item; default:
@@ -314,8 +336,8 @@ def save(
     coord = _coordinator if _coordinator is not None else coordinator(timeout_s=barrier_timeout)
     if copy is None:
         copy = not blocking
-    opts = _make_options(path, use_zarr3, use_compression, chunk_byte_size, leaf_chunk_byte_sizes,
-                         ocdbt_target_data_file_size, replica_parallel, copy, workers, sync)
+    opts = make_options(path, use_zarr3, use_compression, chunk_byte_size, leaf_chunk_byte_sizes,
+                         ocdbt_target_data_file_size, replica_parallel, copy, workers, sync, use_ocdbt=use_ocdbt)
     for h in handler.values() if isinstance(handler, Mapping) else [handler]:
         if h is not None and h not in _HANDLERS:
             raise ValueError(f"handler must be 'standard' or 'pytree', not {h!r}")
@@ -334,10 +356,11 @@ def save(
     return async_save.start(dest.display, work, blocking=blocking, started=started)
 
 
-def _make_options(path: Any, use_zarr3: bool, use_compression: bool, chunk_byte_size: int | None,
+def make_options(path: Any, use_zarr3: bool, use_compression: bool, chunk_byte_size: int | None,
                   leaf_chunk_byte_sizes: Mapping[str, int] | None, ocdbt_target_data_file_size: int | None,
-                  replica_parallel: bool | None, copy: bool, workers: int | None, sync: bool) -> _Options:
-    """The checked options of one save, with Orbax's defaults filled in."""
+                  replica_parallel: bool | None, copy: bool, workers: int | None, sync: bool, *,
+                  use_ocdbt: bool = True) -> SaveOptions:
+    """The checked options of one save, with Orbax's defaults filled in (see :func:`plan_item`)."""
     if ocdbt_target_data_file_size is not None and ocdbt_target_data_file_size < 0:
         raise ValueError("ocdbt_target_data_file_size must be >= 0")
     if chunk_byte_size is not None and chunk_byte_size <= 0:
@@ -352,14 +375,13 @@ def _make_options(path: Any, use_zarr3: bool, use_compression: bool, chunk_byte_
     if target is None:  # Orbax's defaults: 400 MiB on GCS, 2 GiB elsewhere
         gcs = isinstance(path, str) and path.startswith(("gs://", "gcs://"))
         target = GCS_TARGET_DATA_FILE_SIZE if gcs else DEFAULT_TARGET_DATA_FILE_SIZE
-    return _Options(use_zarr3, use_compression, chunk_byte_size, leaf_sizes, target, bool(replica_parallel),
-                    bool(copy),
-                    workers or default_workers(), sync)
+    return SaveOptions(use_zarr3, bool(use_ocdbt), use_compression, chunk_byte_size, leaf_sizes, target,
+                    bool(replica_parallel), bool(copy), workers or default_workers(), sync)
 
 
-def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: _Options,
+def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: SaveOptions,
                 handler: str | Mapping[str, str] | None,
-                pytree_custom_metadata: Any) -> dict[str, _ItemPlan | JsonItem]:
+                pytree_custom_metadata: Any) -> dict[str, ItemPlan | JsonItem]:
     """What to write for each item (``""`` for a single item), checked before anything is."""
     if composite:
         if not isinstance(tree, Mapping) or not tree:
@@ -370,18 +392,18 @@ def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: _Options,
         if isinstance(tree, JsonItem):
             raise TypeError("a JsonItem is saved as one item of a composite save (composite=True)")
         items = {"": tree}
-    plans: dict[str, _ItemPlan | JsonItem] = {}
+    plans: dict[str, ItemPlan | JsonItem] = {}
     for name, value in items.items():
         if isinstance(value, JsonItem):
             layout_writer.json_item(value.value)  # fail early if not serializable
             plans[name] = value
         else:
             item_handler = handler.get(name) if isinstance(handler, Mapping) else handler
-            plans[name] = _plan_item(name or None, value, coord, opts, item_handler, pytree_custom_metadata)
+            plans[name] = plan_item(name or None, value, coord, opts, item_handler, pytree_custom_metadata)
     return plans
 
 
-def _run(dest: Destination, plans: Mapping[str, _ItemPlan | JsonItem], coord: Coordinator, opts: _Options,
+def _run(dest: Destination, plans: Mapping[str, ItemPlan | JsonItem], coord: Coordinator, opts: SaveOptions,
          composite: bool, force: bool, custom_metadata: Mapping[str, Any] | None, init_ns: int) -> None:
     err: BaseException | None = None
     if coord.is_primary:
@@ -394,7 +416,7 @@ def _run(dest: Destination, plans: Mapping[str, _ItemPlan | JsonItem], coord: Co
     own: dict[str, dict[bytes, Any] | None] = {}
     try:
         for name, plan in plans.items():
-            if isinstance(plan, _ItemPlan):
+            if isinstance(plan, ItemPlan):
                 item_kv = PrefixStore(root, name) if name else root
                 own[name] = _write_process_part(item_kv, plan, coord, opts)
         if opts.sync:
@@ -404,14 +426,14 @@ def _run(dest: Destination, plans: Mapping[str, _ItemPlan | JsonItem], coord: Co
     coord.sync("written", err)
     if coord.is_primary:
         try:
-            _commit(dest, root, plans, coord, opts, composite, custom_metadata, init_ns, own)
+            commit_items(dest, root, plans, coord, opts, composite, custom_metadata, init_ns, own)
         except BaseException as e:  # noqa: BLE001
             err = e
     coord.sync("committed", err)
 
 
-def _commit(dest: Destination, root: KvStore, plans: Mapping[str, _ItemPlan | JsonItem], coord: Coordinator,
-            opts: _Options, composite: bool, custom_metadata: Mapping[str, Any] | None, init_ns: int,
+def commit_items(dest: Destination, root: KvStore, plans: Mapping[str, ItemPlan | JsonItem], coord: Coordinator,
+            opts: SaveOptions, composite: bool, custom_metadata: Mapping[str, Any] | None, init_ns: int,
             own: Mapping[str, dict[bytes, Any] | None]) -> None:
     """Step 4 (primary): merged roots, metadata documents, commit markers, then the commit."""
     handlers: dict[str, str] = {}

@@ -22,13 +22,13 @@ import math
 import struct
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import zstandard
 
 from ocdbt_py.format.envelope import crc32c
-from ocdbt_py.write.bulk import StoredValue, ValueSink
+from ocdbt_py.write.bulk import StoredValue
 from zarr3.codecs import BytesCodec, ShardingCodec, ZstdCodec, compressor_from_v2
 from zarr3.dtypes import data_type_from_numpy, v2_dtype_string
 from zarr3.fill_value import default_fill_value
@@ -36,7 +36,7 @@ from zarr3.metadata_v2 import ArrayMetadataV2
 from zarr3.metadata_v3 import ArrayMetadataV3
 
 __all__ = ["ArraySpec", "storage_dtype", "zarr_metadata", "chunk_regions", "encode_chunk", "encode_small",
-           "Compressors", "ONE_SHOT_BYTES"]
+           "Compressors", "ONE_SHOT_BYTES", "ChunkSink"]
 
 #: Chunks at most this large are compressed in one call; larger ones are streamed.
 ONE_SHOT_BYTES = 1 << 20
@@ -70,14 +70,17 @@ def storage_dtype(dtype: Any) -> np.dtype[Any]:
 
 @functools.lru_cache(maxsize=4096)
 def zarr_metadata(
-    shape: tuple[int, ...], dtype: np.dtype[Any], chunk_shape: tuple[int, ...], zarr_format: int, compression: bool
+    shape: tuple[int, ...], dtype: np.dtype[Any], chunk_shape: tuple[int, ...], zarr_format: int, compression: bool,
+    level: int | None = None,
 ) -> bytes:
-    """``.zarray`` / ``zarr.json`` bytes as TensorStore writes them for Orbax."""
+    """``.zarray`` / ``zarr.json`` bytes as TensorStore writes them for Orbax (``level``: a zstd
+    level other than Orbax's 1 (v2) / 3 (v3))."""
 
     dt = data_type_from_numpy(dtype)
     meta: ArrayMetadataV2 | ArrayMetadataV3
     if zarr_format == 2:
-        comp = compressor_from_v2({"id": "zstd", "level": 1}, dt.itemsize) if compression else None
+        zstd = {"id": "zstd", "level": 1 if level is None else level}
+        comp = compressor_from_v2(zstd, dt.itemsize) if compression else None
         meta = ArrayMetadataV2(
             shape=shape, data_type=dt, chunk_shape=chunk_shape, fill_value=None, compressor=comp,
             dtype_string=v2_dtype_string(dt),
@@ -85,7 +88,7 @@ def zarr_metadata(
     else:
         inner: list[Any] = [BytesCodec()]
         if compression:
-            inner.append(ZstdCodec(level=3, checksum=False))
+            inner.append(ZstdCodec(level=3 if level is None else level, checksum=False))
         meta = ArrayMetadataV3(
             shape=shape, data_type=dt, chunk_shape=chunk_shape, fill_value=default_fill_value(dt),
             codecs=[ShardingCodec(chunk_shape, inner, None, "end")],
@@ -104,6 +107,7 @@ class ArraySpec:
     chunk_shape: tuple[int, ...]
     zarr_format: int = 2
     compression: bool = True
+    level: int | None = None  #: zstd level (``None``: Orbax's, 1 for Zarr v2 and 3 for v3)
 
     @property
     def metadata_key(self) -> str:
@@ -112,7 +116,8 @@ class ArraySpec:
 
     def metadata_bytes(self) -> bytes:
         """The Zarr metadata document."""
-        return zarr_metadata(self.shape, self.dtype, self.chunk_shape, self.zarr_format, self.compression)
+        return zarr_metadata(self.shape, self.dtype, self.chunk_shape, self.zarr_format, self.compression,
+                             self.level)
 
     def chunk_key(self, coords: Sequence[int]) -> str:
         """OCDBT key of the chunk at grid position ``coords``."""
@@ -125,6 +130,8 @@ class ArraySpec:
         """zstd level of the chunks (``None``: uncompressed)."""
         if not self.compression:
             return None
+        if self.level is not None:
+            return self.level
         return 1 if self.zarr_format == 2 else 3
 
 
@@ -182,12 +189,23 @@ class Compressors:
         return c
 
 
+class ChunkSink(Protocol):
+    """Where :func:`encode_chunk` streams one stored value (an OCDBT ``ValueSink``, or a
+    file of the per-parameter layout)."""
+
+    def write(self, data: bytes | memoryview) -> int:
+        """Append ``data``."""
+
+    def finish(self) -> StoredValue:
+        """Complete the value; what the caller records for it."""
+
+
 class _Counting:
-    """Passes writes to a :class:`ValueSink`, counting bytes (zstd's ``stream_writer`` target)."""
+    """Passes writes to a :class:`ChunkSink`, counting bytes (zstd's ``stream_writer`` target)."""
 
     __slots__ = ("sink", "n")
 
-    def __init__(self, sink: ValueSink):
+    def __init__(self, sink: ChunkSink):
         self.sink = sink
         self.n = 0
 
@@ -199,7 +217,7 @@ class _Counting:
         pass
 
 
-def encode_chunk(spec: ArraySpec, view: np.ndarray, sink: ValueSink, compressors: Compressors) -> StoredValue:
+def encode_chunk(spec: ArraySpec, view: np.ndarray, sink: ChunkSink, compressors: Compressors) -> StoredValue:
     """Encode one chunk into ``sink``; returns what the leaf entry stores."""
     raw = _chunk_bytes(spec, view)
     level = spec.zstd_level

@@ -75,8 +75,10 @@ def tree_metadata(
     *,
     use_zarr3: bool,
     custom_metadata: Any = None,
+    use_ocdbt: bool = True,
 ) -> bytes:
-    """``_METADATA``: one entry per leaf (empty leaves included), in tree order."""
+    """``_METADATA``: one entry per leaf (empty leaves included), in tree order
+    (``use_ocdbt=False``: the per-parameter layout, arrays in ``<param>/`` directories)."""
     entries: dict[str, Any] = {}
     for leaf in leaves:
         value: dict[str, Any] = {"value_type": leaf.value_type, "skip_deserialize": not leaf.has_data}
@@ -88,7 +90,7 @@ def tree_metadata(
         }
     doc = {
         "tree_metadata": entries,
-        "use_ocdbt": True,
+        "use_ocdbt": bool(use_ocdbt),
         "use_zarr3": bool(use_zarr3),
         "store_array_data_equal_to_fill_value": True,
         "custom_metadata": custom_metadata,

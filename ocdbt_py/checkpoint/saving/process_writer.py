@@ -37,7 +37,7 @@ from ocdbt_py.write.bulk import (
     write_database,
 )
 
-__all__ = ["ProcessWriter", "process_dir", "default_workers", "ChunkJob"]
+__all__ = ["ProcessWriter", "process_dir", "default_workers", "ChunkJob", "run_bounded"]
 
 INLINE_LIMIT = 1024
 #: Chunks of at most ``ONE_SHOT_BYTES`` are encoded several to a task, up to this many raw
@@ -95,6 +95,24 @@ class ProcessWriter:
             self._add(key, value)
 
         return run
+
+    def put_parts(self, key: str, parts: Sequence[bytes | memoryview]) -> None:
+        """Store a value given in pieces (inline if small, else contiguous in a data file)."""
+        sink = ValueSink(self.pool, INLINE_LIMIT)
+        for p in parts:
+            sink.write(p)
+        self._add(key, sink.finish())
+
+    def open_value(self, key: str) -> _ValueStream:
+        """A streaming writer for one value (``write`` pieces, then ``close``; ``abort`` on failure)."""
+        return _ValueStream(self, key)
+
+    def encode(self, spec: ArraySpec, key: str, view: np.ndarray) -> None:
+        """Encode one chunk now (in the calling thread)."""
+        if view.nbytes <= ONE_SHOT_BYTES:
+            self.put(key, encode_small(spec, view, self._compressors))
+        else:
+            self._chunk_task(spec, key, view)()
 
     def _small_batch_task(self, items: list[tuple[ArraySpec, str, np.ndarray]]) -> Callable[[], None]:
         """Encode small chunks in memory, then append the large-enough ones to one data file
@@ -165,10 +183,14 @@ class ProcessWriter:
     def run(self, tasks: Iterable[Callable[[], None]], workers: int) -> None:
         """Run the chunk tasks on ``workers`` threads, a bounded number in flight."""
         try:
-            _run_bounded(tasks, workers)
+            run_bounded(tasks, workers)
         except BaseException:
             self.pool.abort()
             raise
+
+    def abort(self) -> None:
+        """Drop the open data files after a failure."""
+        self.pool.abort()
 
     def finish(self) -> BuiltDatabase | None:
         """Close the data files and write the database (``None`` when nothing was written)."""
@@ -179,7 +201,27 @@ class ProcessWriter:
                               target_data_file_size=self.target_data_file_size)
 
 
-def _run_bounded(tasks: Iterable[Callable[[], None]], workers: int) -> None:
+class _ValueStream:
+    """One value of a :class:`ProcessWriter` written in pieces (contiguous in a data file)."""
+
+    def __init__(self, writer: ProcessWriter, key: str):
+        self.writer = writer
+        self.key = key
+        self.sink = ValueSink(writer.pool, INLINE_LIMIT)
+
+    def write(self, data: bytes | memoryview) -> int:
+        return self.sink.write(data)
+
+    def close(self) -> None:
+        self.writer._add(self.key, self.sink.finish())
+
+    def abort(self) -> None:
+        self.sink._abandon()
+
+
+def run_bounded(tasks: Iterable[Callable[[], None]], workers: int) -> None:
+    """Run ``tasks`` on ``workers`` threads, at most two per worker in flight; the first
+    error is raised (pending tasks are cancelled)."""
     if workers <= 1:
         for t in tasks:
             t()
