@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from ocdbt_py.cli.errors import UsageError
+from ocdbt_py.cli.locate import open_database, open_kvstore_checked
 from ocdbt_py.cli.options import add_json, add_location, add_progress, add_version
+from ocdbt_py.cli.output import human_bytes, out, print_json
+from ocdbt_py.cli.progress import Progress, progress_enabled
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -33,16 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace) -> int:
     """Verify and report."""
-    from ocdbt_py.cli.errors import UsageError
-    from ocdbt_py.cli.locate import open_database, open_kvstore_checked
-    from ocdbt_py.cli.output import human_bytes, out, print_json
-    from ocdbt_py.cli.progress import Progress, progress_enabled
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.maintenance.verify import VerifyReport, verify
 
     if args.max_problems < 1:
         raise UsageError("--max-problems must be at least 1")
     with Progress("verifying", enabled=progress_enabled(args)) as bar:
-
         def progress(r: VerifyReport) -> None:
             bar.update(r.versions, r.versions_expected,
                        f"{r.versions}/{r.versions_expected} versions, {r.nodes} nodes, "

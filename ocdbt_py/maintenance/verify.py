@@ -49,6 +49,7 @@ from ocdbt_py.read.cache import LruCache
 from ocdbt_py.read.node_reader import NodeReader
 from ocdbt_py.read.version_read import find_generation, read_manifest
 from ocdbt_py.store import OcdbtStore
+from ocdbt_py.units import human_bytes
 
 if TYPE_CHECKING:
     from ocdbt_py.read.node_reader import NodeReader
@@ -170,18 +171,6 @@ class VerifyReport:
 
 def _s(n: int) -> str:
     return "" if n == 1 else "s"
-
-
-def human_bytes(n: int) -> str:
-    """``1536`` -> ``'1.5 KiB'``."""
-    if n < 1024:
-        return f"{n} B"
-    x = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        x /= 1024
-        if x < 1024 or unit == "PiB":
-            break
-    return f"{x:.1f} {unit}"
 
 
 class _Stop(Exception):

@@ -45,6 +45,9 @@ POOL_BYTES = 256 << 20
 #: then unmapped: no copy at all.  Checkpoint files are never modified in place (writers
 #: replace files, and OCDBT data files are immutable), so a mapping cannot be truncated under us.
 MMAP_MIN = 1 << 20
+#: Coalesced reads of several chunks at least this large are mapped too (``0``: never), and
+#: their chunks decoded straight from the page cache (see :meth:`LocalSource._map_span`).
+MMAP_SPAN_MIN = 1 << 20
 
 
 def local_root(kv: KvStore) -> str | None:
@@ -184,6 +187,8 @@ class LocalSource:
         buffers: list[np.ndarray] = []
         pending: list[int] = []
         maps: dict[int, tuple[mmap.mmap, memoryview, memoryview]] = {}
+        span_of: list[int] = [-1] * len(keys)
+        mapped: list[list[Any]] = []  # [mapping, base view, member views left, chunk views]
         for path, idxs in by_file.items():
             spans = sorted((loc.offset, loc.offset + loc.length, j) for j in idxs
                            if (loc := locs[j]) is not None)
@@ -196,6 +201,9 @@ class LocalSource:
                     continue
                 start = first.offset
                 stop = max(locs[j].offset + locs[j].length for j in g)  # type: ignore[union-attr]
+                if MMAP_SPAN_MIN and stop - start >= MMAP_SPAN_MIN:
+                    self._map_span(path, start, stop, [(j, locs[j]) for j in g], out, span_of, mapped)
+                    continue
                 buf, mv = self._read(path, start, stop - start)
                 b_index = len(buffers)
                 buffers.append(buf)
@@ -209,6 +217,15 @@ class LocalSource:
 
         def done(i: int) -> None:
             out[i] = None
+            s = span_of[i]
+            if s >= 0:
+                span_of[i] = -1
+                with lock:
+                    mapped[s][2] -= 1
+                    last_view = mapped[s][2] == 0
+                if last_view:
+                    _unmap(mapped[s])
+                return
             m = maps.pop(i, None)
             if m is not None:
                 mm, base, view = m
@@ -230,6 +247,20 @@ class LocalSource:
                 self.pool.give(buffers[b])
 
         return out, done
+
+    def _map_span(self, path: str, start: int, stop: int, members: list[tuple[int, Any]], out: list[Any],
+                  span_of: list[int], mapped: list[list[Any]]) -> None:
+        """Map ``[start, stop)`` of ``path`` once and hand out each member's bytes as a view of
+        the mapping (no copy into a buffer, and no fresh buffer pages to fault in); the mapping
+        goes once every member is done."""
+        mm, base, view = self._map(path, start, stop - start)
+        views = []
+        for j, loc in members:
+            v = view[loc.offset - start: loc.offset - start + loc.length]
+            out[j] = v
+            views.append(v)
+            span_of[j] = len(mapped)
+        mapped.append([mm, base, len(members), views + [view]])
 
     def close(self) -> None:
         """Close the cached file descriptors."""
@@ -268,6 +299,20 @@ def _lstat_beneath(base: str, path: str) -> os.stat_result | None:
     if stat.S_ISLNK(st.st_mode):
         raise symlink_error("file://" + base, "/".join(parts))
     return st
+
+
+def _unmap(span: list[Any]) -> None:
+    mm, base, _, views = span
+    try:
+        for v in views:
+            v.release()
+        base.release()
+    except BufferError:
+        pass
+    try:
+        mm.close()
+    except BufferError:
+        pass  # a view is still alive elsewhere; the mapping goes when it does
 
 
 def _isdir(st: os.stat_result) -> bool:
