@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from ocdbt_py.units import human_bytes
+
 #: Where ``make demo`` leaves its output (relative to the current directory).
 DEFAULT_DIR = "demo-output"
 
@@ -90,12 +92,6 @@ def _step(n: int, text: str) -> None:
     print(f"\n== {n}. {text}", flush=True)
 
 
-def _human(n: int) -> str:
-    from ocdbt_py.maintenance.verify import human_bytes
-
-    return human_bytes(n)
-
-
 def _shown_path(path: str) -> str:
     """``path`` relative to the current directory when it is below it (as the README writes it)."""
     rel = os.path.relpath(path)
@@ -109,7 +105,7 @@ def _list_files(root: str) -> None:
         files.sort()
         for f in files[:_SHOWN_FILES]:
             full = os.path.join(top, f)
-            print(f"  {os.path.relpath(full, root):48s} {_human(os.path.getsize(full)):>10s}")
+            print(f"  {os.path.relpath(full, root):48s} {human_bytes(os.path.getsize(full)):>10s}")
         if len(files) > _SHOWN_FILES:
             print(f"  ... and {len(files) - _SHOWN_FILES} more files in {os.path.relpath(top, root)}/ "
                   f"(ls {_shown_path(top)})")
@@ -149,13 +145,13 @@ def _save_and_read(work: str, tree: dict[str, Any]) -> tuple[str, bool]:
     db = ocdbt_py.open(ckpt)
     info = db.info()
     print(f"generation {info['generation']}, {info['num_keys']} keys, "
-          f"{_human(info['num_indirect_value_bytes'])} out-of-line values, "
+          f"{human_bytes(info['num_indirect_value_bytes'])} out-of-line values, "
           f"manifest {info['manifest_kind']}")
     entries = list(db.entries())
     for entry in entries:
         loc = entry.location
         where = "inline" if loc is None else f"{loc.file.path.decode()}:{loc.offset}"
-        print(f"  {entry.key.decode():36s} {_human(entry.size):>10s}  {where}")
+        print(f"  {entry.key.decode():36s} {human_bytes(entry.size):>10s}  {where}")
     report = verify(ckpt)
     print(f"verify: {'clean' if report.ok else 'PROBLEMS'} "
           f"({report.nodes} nodes, {report.versions} versions, {report.data_files} data files checked)")
@@ -175,7 +171,7 @@ def _save_and_read(work: str, tree: dict[str, Any]) -> tuple[str, bool]:
     _step(5, "checkpoint.export_safetensors: streamed to one file, tensor by tensor")
     out = os.path.join(work, "model.safetensors")
     names = checkpoint.export_safetensors(ckpt, out)
-    print(f"wrote {_shown_path(out)}: {len(names)} tensors, {_human(os.path.getsize(out))}")
+    print(f"wrote {_shown_path(out)}: {len(names)} tensors, {human_bytes(os.path.getsize(out))}")
     return ckpt, report.ok and same
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "InvalidKeyError",
     "ConditionFailedError",
     "StorageError",
+    "ResourceError",
 ]
 
 
@@ -66,3 +67,12 @@ class ConditionFailedError(OcdbtError):
 
 class StorageError(OcdbtError, OSError):
     """The underlying storage failed or could not be reached."""
+
+
+class ResourceError(OcdbtError, MemoryError):
+    """A request needs more memory than can be had: e.g. an array whose metadata declares
+    2^40 elements.  ``nbytes`` is the size asked for, when known."""
+
+    def __init__(self, message: str, *, nbytes: int | None = None):
+        self.nbytes = nbytes
+        super().__init__(message)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from ocdbt_py.kvstore import KvStore, validate_key
 from ocdbt_py.kvstore.base import ByteRange
+from ocdbt_py.kvstore.local import open_beneath
 from ocdbt_py.pools import dedicated
 
 __all__ = [
@@ -201,11 +202,15 @@ class LocalFetcher:
     (a task decodes what it fetched before fetching more).
     """
 
-    def __init__(self, root: str, prefix: str, max_bytes: int):
+    def __init__(self, root: str, prefix: str, max_bytes: int, anchor: str | None = None):
         self.root = root
         self.prefix = prefix
         self.max_bytes = max_bytes
         self._local = threading.local()
+        #: the store's no-follow root: files are opened below it with no symbolic link followed
+        self.anchor = anchor
+        rel = os.path.relpath(root, anchor) if anchor is not None else ""
+        self._anchor_prefix = "" if rel in (".", "") else rel.replace(os.sep, "/") + "/"
 
     @classmethod
     def for_store(cls, store: KvStore, max_bytes: int) -> LocalFetcher | None:
@@ -213,14 +218,19 @@ class LocalFetcher:
         root = store.local_path()
         if root is None or os.environ.get("ZARR3_NO_LOCAL_FETCH"):
             return None
-        return cls(root, "", max_bytes)
+        anchor = store.no_follow_root()
+        if anchor is not None and os.path.relpath(root, anchor).startswith(os.pardir):
+            anchor = None  # cannot happen for a local store; then open as before
+        return cls(root, "", max_bytes, anchor)
 
     def __call__(self, key: str, byte_range: ByteRange | None) -> Any:
 
         full = validate_key(self.prefix + key)
-        path = os.path.join(self.root, *full.split("/"))
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            if self.anchor is not None:
+                fd = open_beneath(self.anchor, self._anchor_prefix + full, validated=True)
+            else:
+                fd = os.open(os.path.join(self.root, *full.split("/")), os.O_RDONLY | getattr(os, "O_BINARY", 0))
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
         try:

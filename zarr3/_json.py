@@ -100,14 +100,54 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"invalid JSON constant {name}")
 
 
+#: Deepest nesting of arrays/objects accepted in a metadata document.
+MAX_DEPTH = 128
+#: Longest integer literal accepted (uint64 needs 20 digits): longer ones are refused before
+#: Python converts them (whose own limit raises a bare ``ValueError`` at 4300 digits).
+MAX_INT_DIGITS = 64
+
+
+def bounded_int(text: str) -> int:
+    """``int(text)`` for a JSON integer literal of at most :data:`MAX_INT_DIGITS` digits."""
+    if len(text) > MAX_INT_DIGITS + 1:
+        raise ValueError(f"integer literal of {len(text)} characters (limit {MAX_INT_DIGITS} digits)")
+    return int(text)
+
+
+def check_depth(obj: Any, limit: int = MAX_DEPTH) -> None:
+    """Raise ``ValueError`` if ``obj`` nests arrays/objects deeper than ``limit`` (iterative)."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            raise ValueError(f"JSON nested deeper than {limit} levels")
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+
+
+def parse(text: str, *, allow_nan: bool = False, max_depth: int = MAX_DEPTH) -> Any:
+    """``json.loads`` with bounded nesting and integer literals; ``ValueError`` on bad input
+    (a document too deep for the parser's stack included)."""
+    kw: dict[str, Any] = {} if allow_nan else {"parse_constant": _reject_constant}
+    try:
+        obj = json.loads(text, parse_int=bounded_int, **kw)
+    except RecursionError as e:
+        raise ValueError("JSON nested too deeply") from e
+    if isinstance(obj, (dict, list)):
+        check_depth(obj, max_depth)
+    return obj
+
+
 def loads(data: bytes | str, *, allow_constants: bool = False) -> Any:
-    """Parse strict JSON (no NaN/Infinity literals); raises ``ValueError`` on bad input.
+    """Parse strict JSON (no NaN/Infinity literals); raises ``ValueError`` on bad input,
+    including nesting deeper than :data:`MAX_DEPTH` and integers longer than
+    :data:`MAX_INT_DIGITS` digits.
 
     ``allow_constants`` accepts the ``NaN``/``Infinity``/``-Infinity`` literals Python's
     ``json`` writes by default (zarr-python's attributes), read as floats.
     """
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = bytes(data).decode("utf-8")
-    if allow_constants:
-        return json.loads(data)
-    return json.loads(data, parse_constant=_reject_constant)
+    return parse(data, allow_nan=allow_constants)

@@ -24,6 +24,7 @@ import numpy as np
 from ocdbt_py.errors import CorruptionError, ReadOnlyError
 from ocdbt_py.kvstore import KvStore, PrefixStore, open_kvstore
 from zarr3 import _dask
+from zarr3._alloc import empty
 from zarr3._executor import IoSink, Job, LocalFetcher, run_jobs, run_pipeline
 from zarr3.chunk_grid import ChunkKeyEncoding, parse_shape
 from zarr3.codecs import (
@@ -340,7 +341,7 @@ class Array:
         sel = normalize_selection(selection, self.shape)
         counts = sel.counts
         if out is None:
-            buf = np.empty(counts, dtype=self.dtype)
+            buf = empty(counts, self.dtype, f"reading array {self._store.url}")
         else:
             if not isinstance(out, np.ndarray) or out.shape != sel.result_shape:
                 raise ValueError(f"out must be an array of shape {sel.result_shape}")
@@ -397,6 +398,7 @@ class Array:
             if data is None:
                 self._missing(key)
                 return [lambda: _fill_region(region, fill)]
+            chain.check_decodable(data)  # before a chunk-sized scratch buffer exists
             if all(p.full for p in combo):
                 return [lambda: chain.decode_into(data, region, scratch.get())]
             local = tuple(p.local for p in combo)
@@ -453,6 +455,7 @@ class Array:
 
         def inner_job(data: Buffer, combo: tuple[ChunkDimSel, ...]) -> Job:
             region = dest[tuple(p.out for p in combo) + (Ellipsis,)]
+            inner.check_decodable(data)  # before a chunk-sized scratch buffer exists
             if all(p.full for p in combo):
                 return lambda: inner.decode_into(data, region, scratch.get())
             local = tuple(p.local for p in combo)
@@ -625,6 +628,8 @@ class Array:
             key, combo = unit
 
             def job() -> None:
+                if data is not None:
+                    chain.check_decodable(data)
                 chunk = scratch.array(meta.chunk_shape, dtype)
                 if data is None:
                     chunk[...] = fill_elem

@@ -22,11 +22,12 @@ import numpy as np
 
 from ocdbt_py import pools
 from ocdbt_py.bridges.namemap import glob_matcher
-from ocdbt_py.bridges.safetensors_format import build_header, parse_size
+from ocdbt_py.bridges.safetensors_format import build_header
 from ocdbt_py.checkpoint import export as _export
 from ocdbt_py.checkpoint.export import ExportedTensor, Rename, _le_bytes, _slabs, _write_to, plan
 from ocdbt_py.checkpoint.restore.api import PathLike
 from ocdbt_py.checkpoint.restore.item import INLINE
+from ocdbt_py.units import parse_size
 
 __all__ = ["export_safetensors", "INDEX_NAME", "SINGLE_NAME", "shard_file_name"]
 

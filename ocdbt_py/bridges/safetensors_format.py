@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,7 +34,6 @@ __all__ = [
     "parse_header",
     "build_header",
     "parse_index",
-    "parse_size",
     "numpy_dtype",
 ]
 
@@ -191,20 +189,3 @@ def parse_index(raw: bytes, where: str) -> dict[str, str]:
     return {str(k): _plain_file_name(v, where) for k, v in wm.items()}
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
-          "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-
-
-def parse_size(size: int | str) -> int:
-    """A byte count as Hugging Face writes them: ``5GB`` (10**9), ``300KB``, ``2GiB`` (2**30), or bytes."""
-    if isinstance(size, int) and not isinstance(size, bool):
-        n = size
-    elif isinstance(size, str) and (m := _SIZE.match(size)) and m.group(2).upper() in _UNITS:
-        n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-    else:
-        raise ValueError(f"size {size!r} is not a byte count such as 5GB, 300KB, 2GiB or 1000000")
-    if n <= 0:
-        raise ValueError(f"size must be positive, not {size!r}")
-    return n

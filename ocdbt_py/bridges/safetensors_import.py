@@ -237,12 +237,12 @@ def import_safetensors(
     # placeholders: right shape and dtype, no memory (zero strides); the data is read in _LazyJobs
     tree = _nest({n: np.broadcast_to(np.zeros((), t.info.dtype), t.info.shape) for n, t in named.items()})
     coord = coordinator(force_single=True)
-    opts = _save._make_options(dst, use_zarr3=use_zarr3, use_compression=use_compression,
+    opts = _save.make_options(dst, use_zarr3=use_zarr3, use_compression=use_compression,
                                chunk_byte_size=chunk_byte_size, leaf_chunk_byte_sizes=None,
                                ocdbt_target_data_file_size=None, replica_parallel=False, copy=False,
                                workers=workers, sync=True)
-    # save()'s own planning and commit steps (private: keyword arguments, so a change there fails loudly)
-    plan = _save._plan_item(name=None, tree=tree, coord=coord, opts=opts, handler=None, custom_metadata=None)
+    # save()'s own planning and commit steps, with the data written here, streamed
+    plan = _save.plan_item(name=None, tree=tree, coord=coord, opts=opts, handler=None, custom_metadata=None)
     load = _loader(kv, {leaf.param_name: named[leaf.param_name] for leaf in plan.leaves})
     dest = open_destination(dst, dst_storage_options)
     init_ns = time.time_ns()
@@ -251,6 +251,6 @@ def import_safetensors(
     own = _write_streamed(root, plan, opts, load)
     if opts.sync:
         dest.sync()
-    _save._commit(dest=dest, root=root, plans={"": plan}, coord=coord, opts=opts, composite=False,
+    _save.commit_items(dest=dest, root=root, plans={"": plan}, coord=coord, opts=opts, composite=False,
                   custom_metadata=None, init_ns=init_ns, own={"": own})
     return [leaf.param_name for leaf in plan.leaves]

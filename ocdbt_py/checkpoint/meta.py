@@ -28,6 +28,7 @@ from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
+from zarr3._json import parse as parse_json_text
 from zarr3.dtypes import parse_data_type_v3, parse_dtype_v2
 
 __all__ = ["LeafMetadata", "CheckpointInfo", "metadata", "list_steps", "item_metadata", "describe"]
@@ -111,7 +112,7 @@ def summarize_zarr(raw: bytes, v3: bool) -> dict[str, Any]:
     """``shape``, ``dtype``, ``chunks``, ``grid``, ``codecs`` and ``zarr_format`` of a Zarr
     metadata document, without building codecs (fast for many arrays)."""
     try:
-        doc = json.loads(raw)
+        doc = parse_json_text(raw.decode("utf-8"))  # bounded depth and integer literals
     except (ValueError, UnicodeDecodeError) as e:
         raise CorruptionError(f"zarr metadata is not JSON: {e}") from e
     if not isinstance(doc, dict):

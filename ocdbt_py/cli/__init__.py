@@ -61,27 +61,26 @@ replacing a stub should delete the stub's module).
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
+
+from ocdbt_py.cli.app import run
+from ocdbt_py.cli.locate import ABANDONED
 
 __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the tool with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
-    from ocdbt_py.cli.app import run
-
     status = run(argv)
-    if argv is None:  # the program itself (not a caller in this process)
-        from ocdbt_py.cli.locate import ABANDONED
-
-        if ABANDONED.is_set():  # a storage call still hangs in some library thread: do not wait for it
-            import os
-            import sys
-
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except (OSError, ValueError):
-                    pass
-            os._exit(status)
+    # the program itself (not a caller in this process), and a storage call still hangs in some
+    # library thread: do not wait for it
+    if argv is None and ABANDONED.is_set():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(status)
     return status

@@ -15,9 +15,12 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from ocdbt_py import __version__
 from ocdbt_py.cli.errors import CliError, UsageError
 from ocdbt_py.cli.locate import check_locations
 from ocdbt_py.cli.options import add_common
+from ocdbt_py.errors import OcdbtError
+from ocdbt_py.keys import set_ascii_only
 
 __all__ = ["Parser", "build_parser", "command_modules", "subcommands", "run"]
 
@@ -49,7 +52,6 @@ def command_modules() -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every discovered subcommand registered."""
-    from ocdbt_py import __version__
 
     parser = Parser(
         prog=PROG,
@@ -104,7 +106,6 @@ def _say(message: str) -> None:
 
 def _safe_stdout() -> None:
     """Never crash printing keys on a terminal that is not UTF-8: escape what it cannot show."""
-    from ocdbt_py.keys import set_ascii_only
 
     stream = sys.stdout
     enc = (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "")
@@ -154,8 +155,6 @@ def run(argv: Sequence[str] | None = None) -> int:
         _say("interrupted")
         return 130
     except Exception as e:
-        from ocdbt_py.errors import OcdbtError
-
         if debug:
             traceback.print_exc()
         if isinstance(e, OcdbtError):

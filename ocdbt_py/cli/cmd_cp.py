@@ -9,24 +9,15 @@ flight), atomic per item/step, resumable, verifiable.  See
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from typing import Any
 
-from ocdbt_py.cli.options import add_location, parse_storage_option
+from ocdbt_py.cli.errors import CliError, UsageError, value_errors_as_usage
+from ocdbt_py.cli.options import add_location, parse_storage_option, size_arg
+from ocdbt_py.cli.output import human_bytes, print_json
+from ocdbt_py.cli.progress import Progress, want_progress
 
-__all__ = ["register", "run", "parse_size"]
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000 ** 2,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """``"4096"``, ``"64MiB"``, ``"1G"`` -> bytes."""
-    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"expected a size like 4096, 64MiB or 1GiB, got {text!r}")
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+__all__ = ["register", "run"]
 
 
 def _steps(text: str) -> list[int]:
@@ -54,9 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     z = p.add_mutually_exclusive_group()
     z.add_argument("--zarr3", dest="zarr3", action="store_true", default=None, help="write Zarr v3 arrays")
     z.add_argument("--zarr2", dest="zarr3", action="store_false", help="write Zarr v2 arrays")
-    p.add_argument("--chunk-byte-size", type=parse_size, default=None, metavar="N",
+    p.add_argument("--chunk-byte-size", type=size_arg, default=None, metavar="N",
                    help="re-chunk arrays as Orbax's SaveArgs(chunk_byte_size=N) does")
-    p.add_argument("--target-data-file-size", type=parse_size, default=None, metavar="N",
+    p.add_argument("--target-data-file-size", type=size_arg, default=None, metavar="N",
                    help="OCDBT data file size (Orbax's ocdbt_target_data_file_size; 0: unlimited)")
     p.add_argument("--compression", default=None, metavar="zstd:LEVEL|none",
                    help="compression of the copy (default: as SRC)")
@@ -83,8 +74,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _summary_line(s: dict[str, Any]) -> str:
-    from ocdbt_py.cli.output import human_bytes
-
     secs = max(s["seconds"], 1e-9)
     rate = s["logical_bytes"] / secs / 1e9
     units = s["units"]
@@ -102,10 +91,8 @@ def _summary_line(s: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Copy."""
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.checkpoint.convert.api import copy
-    from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
-    from ocdbt_py.cli.output import print_json
-    from ocdbt_py.cli.progress import Progress, want_progress
 
     if args.workers is not None and args.workers < 1:
         raise UsageError("--workers must be at least 1")
@@ -116,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
     def progress(done: int, total: int, unit: str) -> None:
         bar.update(done, total, unit)
 
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.checkpoint.saving.atomic import CheckpointExistsError
-    from ocdbt_py.cli.errors import CliError
 
     try:
         with value_errors_as_usage():

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 
-from ocdbt_py.cli.inspect_args import add_inspect_common
-from ocdbt_py.cli.options import add_location
+from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
+from ocdbt_py.cli.inspect_args import add_inspect_common, check_workers, fmt_num, fmt_shape, progress_callback
+from ocdbt_py.cli.options import add_location, storage_options
+from ocdbt_py.cli.output import out, print_json
 
 __all__ = ["register", "run"]
 
@@ -34,8 +37,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _details(d: dict[str, object]) -> str:
-    from ocdbt_py.cli.inspect_args import fmt_num, fmt_shape
-
     if d["reason"] == "shape":
         return f"shape {fmt_shape(d['shape_a'])} -> {fmt_shape(d['shape_b'])}"  # type: ignore[arg-type]
     if d["reason"] == "dtype":
@@ -47,12 +48,8 @@ def _details(d: dict[str, object]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Print the differences; exit 1 when there are any."""
-    import math
 
-    from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
-    from ocdbt_py.cli.inspect_args import check_workers, progress_callback
-    from ocdbt_py.cli.options import storage_options
-    from ocdbt_py.cli.output import out, print_json
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.inspect.diff import diff
 
     check_workers(args)

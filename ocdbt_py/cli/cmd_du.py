@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
 from ocdbt_py.cli.inspect_args import add_inspect_common
-from ocdbt_py.cli.options import add_location
+from ocdbt_py.cli.options import add_location, storage_options
+from ocdbt_py.cli.output import human_bytes, out, print_json, print_table
 
 __all__ = ["register", "run"]
 
@@ -34,9 +36,7 @@ def _ratio(r: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Print the usage."""
-    from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
-    from ocdbt_py.cli.options import storage_options
-    from ocdbt_py.cli.output import human_bytes, out, print_json, print_table
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.inspect.du import du, subtree_usage
 
     if args.depth is not None and args.depth < 1:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from ocdbt_py.cli.options import add_json, add_location
+from ocdbt_py.cli.errors import UsageError
+from ocdbt_py.cli.locate import normalize_url, open_kvstore_checked
+from ocdbt_py.cli.options import add_json, add_location, parse_version, storage_options
+from ocdbt_py.cli.output import print_json
+from ocdbt_py.kvstore import open_kvstore
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -37,18 +41,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace) -> int:
     """Collect garbage and report."""
-    from ocdbt_py.cli.errors import UsageError
-    from ocdbt_py.cli.locate import normalize_url, open_kvstore_checked
-    from ocdbt_py.cli.options import storage_options
-    from ocdbt_py.cli.output import print_json
-    from ocdbt_py.kvstore import open_kvstore
     from ocdbt_py.maintenance.gc import DEFAULT_GRACE_SECONDS, collect_garbage
 
     if args.keep_versions is not None and args.keep_versions < 1:
         raise UsageError("--keep-versions must be at least 1")
     if args.keep_since is not None:
-        from ocdbt_py.cli.options import parse_version
-
         try:
             if isinstance(parse_version(args.keep_since), int):
                 raise ValueError("not a time")

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import sys
 
+from ocdbt_py.cli.errors import CliError, UsageError
+from ocdbt_py.cli.locate import open_database
 from ocdbt_py.cli.options import add_location, add_version
 from ocdbt_py.cli.output import key_json, print_json
+from ocdbt_py.keys import escape_key, parse_hex_key, unescape_key
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -33,8 +37,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def parse_key(args: argparse.Namespace) -> bytes:
     """The key argument as bytes, per ``--hex`` / ``--escaped``."""
-    from ocdbt_py.cli.errors import UsageError
-    from ocdbt_py.keys import parse_hex_key, unescape_key
 
     try:
         if args.hex:
@@ -49,11 +51,7 @@ def parse_key(args: argparse.Namespace) -> bytes:
 
 def run(args: argparse.Namespace) -> int:
     """Fetch the value and write it."""
-    import sys
 
-    from ocdbt_py.cli.errors import CliError, UsageError
-    from ocdbt_py.cli.locate import open_database
-    from ocdbt_py.keys import escape_key
 
     key = parse_key(args)
     if args.json and args.output not in (None, "-"):

@@ -11,10 +11,10 @@ import sys
 import time
 from typing import Any
 
-from ocdbt_py.bridges.safetensors_format import parse_size
 from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
 from ocdbt_py.cli.options import add_location, name_map_arg, parse_storage_option, storage_options
 from ocdbt_py.cli.output import print_json
+from ocdbt_py.units import parse_size
 
 __all__ = ["register", "run"]
 

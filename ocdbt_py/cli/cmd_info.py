@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ocdbt_py.cli.locate import open_database
 from ocdbt_py.cli.options import add_json, add_location, add_version
+from ocdbt_py.cli.output import human_bytes, out, print_json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -23,8 +25,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace) -> int:
     """Print the information."""
-    from ocdbt_py.cli.locate import open_database
-    from ocdbt_py.cli.output import human_bytes, out, print_json
 
     db = open_database(args)
     info = db.info()

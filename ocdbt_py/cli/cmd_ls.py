@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import IO
 
+from ocdbt_py.cli.errors import UsageError
+from ocdbt_py.cli.locate import open_database
 from ocdbt_py.cli.options import add_json, add_location, add_progress, add_version
+from ocdbt_py.cli.output import out, ref_text
+from ocdbt_py.cli.progress import Progress, progress_enabled
+from ocdbt_py.keys import escape_key, parse_hex_key, unescape_key
 
 _BATCH = 1000
 _MAX_KEY_PAD = 60
@@ -34,9 +40,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _prefix(args: argparse.Namespace) -> bytes:
-    from ocdbt_py.cli.errors import UsageError
-    from ocdbt_py.keys import parse_hex_key, unescape_key
-
     try:
         if args.prefix_hex is not None:
             return parse_hex_key(args.prefix_hex)
@@ -49,17 +52,10 @@ def _prefix(args: argparse.Namespace) -> bytes:
 
 def run(args: argparse.Namespace) -> int:
     """List the keys."""
-    import json
 
-    from ocdbt_py.cli.locate import open_database
-    from ocdbt_py.cli.output import out, ref_text
-    from ocdbt_py.cli.progress import Progress, progress_enabled
-    from ocdbt_py.keys import escape_key
 
     prefix = _prefix(args)
     if args.limit is not None and args.limit < 0:
-        from ocdbt_py.cli.errors import UsageError
-
         raise UsageError("--limit must be >= 0")
     db = open_database(args)
     stream = out()

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
-from ocdbt_py.cli.options import add_json, add_location
+from ocdbt_py.cli.cmd_get import parse_key
+from ocdbt_py.cli.errors import UsageError
+from ocdbt_py.cli.locate import normalize_url, open_kvstore_checked, require_location
+from ocdbt_py.cli.options import add_json, add_location, storage_options
+from ocdbt_py.cli.output import print_json
+from ocdbt_py.errors import NotFoundError, OcdbtError
 
 
 def add_key(p: argparse.ArgumentParser, nargs: str | None = None) -> None:
@@ -17,7 +24,6 @@ def add_key(p: argparse.ArgumentParser, nargs: str | None = None) -> None:
 
 def parse_keys(args: argparse.Namespace, texts: list[str]) -> list[bytes]:
     """Decode key arguments per ``--hex`` / ``--escaped``."""
-    from ocdbt_py.cli.cmd_get import parse_key
 
     out = []
     for t in texts:
@@ -38,13 +44,9 @@ def add_writer_options(p: argparse.ArgumentParser) -> None:
 
 def open_writable(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """Open the database at ``args.url`` for writing (creating it only with ``--create``)."""
-    import json
 
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     import ocdbt_py
-    from ocdbt_py.cli.errors import UsageError
-    from ocdbt_py.cli.locate import normalize_url, open_kvstore_checked
-    from ocdbt_py.cli.options import storage_options
-    from ocdbt_py.errors import NotFoundError
     from ocdbt_py.kvstore import open_kvstore
 
     config = None
@@ -56,8 +58,6 @@ def open_writable(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     if args.create:
         kv = open_kvstore(normalize_url(args.url), storage_options(args))
     else:
-        from ocdbt_py.cli.locate import require_location
-
         require_location(args, fix="pass --create to create a database there")
         try:
             open_kvstore_checked(args)
@@ -90,11 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace) -> int:
     """Write the value."""
-    import sys
 
-    from ocdbt_py.cli.errors import UsageError
-    from ocdbt_py.cli.output import print_json
-    from ocdbt_py.errors import OcdbtError
 
     if (args.value is None) == (args.input is None):
         raise UsageError("give exactly one of VALUE or -i FILE")

@@ -4,9 +4,13 @@ NaN/Inf table, sortable statistics; metrics across steps for a manager root)."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
-from ocdbt_py.cli.inspect_args import add_inspect_common
-from ocdbt_py.cli.options import add_location
+from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
+from ocdbt_py.cli.inspect_args import add_inspect_common, check_workers, progress_callback
+from ocdbt_py.cli.options import add_location, storage_options
+from ocdbt_py.cli.output import print_json
 
 __all__ = ["register", "run"]
 
@@ -29,12 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace) -> int:
     """Write the report."""
-    import os
 
-    from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
-    from ocdbt_py.cli.inspect_args import check_workers, progress_callback
-    from ocdbt_py.cli.options import storage_options
-    from ocdbt_py.cli.output import print_json
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.inspect.report import report
 
     check_workers(args)
@@ -49,7 +49,5 @@ def run(args: argparse.Namespace) -> int:
         print_json({"output": args.output, "tensors": len(data.stats), "nonfinite_tensors": nbad,
                     "step": data.step})
     elif not args.quiet:
-        import sys
-
         sys.stderr.write(f"wrote {args.output}: {len(data.stats)} tensors, {nbad} with NaN/Inf\n")
     return 0

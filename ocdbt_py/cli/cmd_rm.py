@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 
 from ocdbt_py.cli.cmd_put import add_key, add_writer_options, open_writable, parse_keys
+from ocdbt_py.cli.errors import UsageError
 from ocdbt_py.cli.options import add_json, add_location
-from ocdbt_py.read.snapshot import prefix_end
+from ocdbt_py.cli.output import print_json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -31,8 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace) -> int:
     """Delete."""
-    from ocdbt_py.cli.errors import UsageError
-    from ocdbt_py.cli.output import print_json
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
+    from ocdbt_py.read.snapshot import prefix_end
 
     if not args.key and args.prefix is None and args.start is None:
         raise UsageError("nothing to delete: give KEYs, --prefix or --start")

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from ocdbt_py.cli.inspect_args import add_inspect_common
-from ocdbt_py.cli.options import add_location
+from ocdbt_py.cli.errors import value_errors_as_usage
+from ocdbt_py.cli.inspect_args import add_inspect_common, check_workers, fmt_num, fmt_shape, progress_callback
+from ocdbt_py.cli.options import add_location, storage_options
+from ocdbt_py.cli.output import out, print_json, print_table
 
 __all__ = ["register", "run"]
 
@@ -28,10 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace) -> int:
     """Print the statistics."""
-    from ocdbt_py.cli.errors import value_errors_as_usage
-    from ocdbt_py.cli.inspect_args import check_workers, fmt_num, fmt_shape, progress_callback
-    from ocdbt_py.cli.options import storage_options
-    from ocdbt_py.cli.output import out, print_json, print_table
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.inspect.stats import stats
 
     check_workers(args)

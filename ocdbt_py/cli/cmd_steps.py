@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import posixpath
+import re
 from typing import Any
 
-from ocdbt_py.cli.options import add_json, add_location
+from ocdbt_py.cli.errors import CliError, UsageError, value_errors_as_usage
+from ocdbt_py.cli.locate import normalize_url
+from ocdbt_py.cli.options import add_json, add_location, storage_options
+from ocdbt_py.cli.output import print_json, print_table
+from ocdbt_py.errors import NotFoundError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -28,7 +33,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def _naming_hint(kv: Any) -> str:
     """How to name the step directories of a root whose names have a prefix or fixed width."""
-    import re
 
     for d in sorted(kv.list_dir("")[0]):
         m = re.fullmatch(r"(?:(.+?)_)?([0-9]+)", d)
@@ -42,9 +46,8 @@ def _naming_hint(kv: Any) -> str:
 def _not_a_root(url: str, kv: Any) -> None:
     """Say what ``url`` is when it has no steps: an item or a step directory is a usage error
     (exit 2) naming the command to use; an empty directory or anything else, exit 1."""
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.checkpoint.layout import Kind, classify, list_items
-    from ocdbt_py.cli.errors import CliError, UsageError
-    from ocdbt_py.errors import NotFoundError
 
     try:
         kind = classify(kv)
@@ -52,6 +55,7 @@ def _not_a_root(url: str, kv: Any) -> None:
         kind = None
     parent = posixpath.dirname(url.rstrip("/")) or "."
     if kind in (Kind.PYTREE, Kind.JSON):
+        # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
         from ocdbt_py.checkpoint.layout import parse_step_name
 
         hint = ""
@@ -74,13 +78,10 @@ def _not_a_root(url: str, kv: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the steps."""
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.checkpoint.layout import list_items
     from ocdbt_py.checkpoint.manager.naming import StepNameFormat
     from ocdbt_py.checkpoint.manager.steps import scan
-    from ocdbt_py.cli.errors import value_errors_as_usage
-    from ocdbt_py.cli.locate import normalize_url
-    from ocdbt_py.cli.options import storage_options
-    from ocdbt_py.cli.output import print_json, print_table
     from ocdbt_py.kvstore import open_kvstore
     from ocdbt_py.kvstore.prefixed import PrefixStore
 

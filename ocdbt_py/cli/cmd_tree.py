@@ -7,10 +7,14 @@ latest finalized step, or ``--step N``).  Reads metadata only, never array data.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import warnings
 from typing import Any
 
 from ocdbt_py.cli.errors import value_errors_as_usage
 from ocdbt_py.cli.options import add_json, add_location, storage_options
+from ocdbt_py.cli.output import human_bytes, out, print_json, print_table
 
 __all__ = ["register", "run"]
 
@@ -37,8 +41,6 @@ def _fmt_shape(shape: Any) -> str:
 
 
 def _leaf_row(md: Any) -> list[str]:
-    from ocdbt_py.cli.output import human_bytes
-
     if md.kind in ("array", "scalar"):
         chunks = "x".join(str(c) for c in md.chunks) if md.chunks else "-"
         codecs = "/".join(c for c in md.codecs if c not in ("bytes", "crc32c", "sharding_indexed")) or "raw"
@@ -56,6 +58,7 @@ def _leaf_row(md: Any) -> list[str]:
 
 
 def _rows(tree: Any, depth: int | None) -> tuple[list[list[str]], dict[str, int]]:
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.checkpoint import LeafMetadata
 
     rows: list[list[str]] = []
@@ -94,6 +97,7 @@ def _rows(tree: Any, depth: int | None) -> tuple[list[list[str]], dict[str, int]
 
 
 def _has_leaf_metadata(v: Any) -> bool:
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.checkpoint import LeafMetadata
 
     stack = [v]
@@ -109,6 +113,7 @@ def _has_leaf_metadata(v: Any) -> bool:
 
 
 def _count(v: Any) -> int:
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.checkpoint import LeafMetadata
 
     if isinstance(v, LeafMetadata):
@@ -121,8 +126,6 @@ def _count(v: Any) -> int:
 
 
 def _json_text(v: Any) -> str:
-    import json
-
     try:
         s = json.dumps(v, ensure_ascii=False)
     except (TypeError, ValueError):
@@ -131,8 +134,7 @@ def _json_text(v: Any) -> str:
 
 
 def _to_json(tree: Any) -> Any:
-    import dataclasses
-
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.checkpoint import LeafMetadata
 
     if isinstance(tree, LeafMetadata):
@@ -152,8 +154,6 @@ def _to_json(tree: Any) -> Any:
 
 
 def _jsonable(v: Any) -> Any:
-    import json
-
     try:
         json.dumps(v)
         return v
@@ -163,11 +163,10 @@ def _jsonable(v: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Print the tree."""
-    import warnings
 
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.checkpoint import UncommittedStepWarning, metadata
     from ocdbt_py.checkpoint.restore.api import resolve
-    from ocdbt_py.cli.output import human_bytes, out, print_json, print_table
 
     opts = storage_options(args)
     skipped: list[str] = []
@@ -181,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     stream = out()
     if r.step is not None:
+        # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
         from ocdbt_py.checkpoint import list_steps
 
         with warnings.catch_warnings():

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ocdbt_py.cli.locate import open_database
 from ocdbt_py.cli.options import add_json, add_location
+from ocdbt_py.cli.output import human_bytes, print_json, print_table, ref_json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -22,8 +24,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace) -> int:
     """Print the generations."""
-    from ocdbt_py.cli.locate import open_database
-    from ocdbt_py.cli.output import human_bytes, print_json, print_table, ref_json
 
     db = open_database(args)
     versions = db.versions()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from ocdbt_py.errors import OcdbtError
+
 __all__ = ["CliError", "UsageError", "value_errors_as_usage"]
 
 
@@ -32,7 +34,6 @@ class UsageError(CliError):
 def value_errors_as_usage() -> Iterator[None]:
     """Turn a plain ``ValueError`` (a bad option combination, e.g. ``--step`` on an item
     directory) into a :class:`UsageError`; our own errors pass through unchanged."""
-    from ocdbt_py.errors import OcdbtError
 
     try:
         yield

@@ -7,7 +7,10 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 
+from ocdbt_py.cli.errors import UsageError
 from ocdbt_py.cli.options import add_json, add_quiet
+from ocdbt_py.cli.output import human_bytes
+from ocdbt_py.cli.progress import Progress, want_progress
 
 __all__ = ["add_inspect_common", "progress_callback", "check_workers", "fmt_num", "fmt_shape"]
 
@@ -32,8 +35,6 @@ def add_inspect_common(p: argparse.ArgumentParser, *, step: bool = True, include
 def progress_callback(args: argparse.Namespace, label: str) -> Iterator[Callable[[int, int], None] | None]:
     """A ``progress(done_bytes, total_bytes)`` drawing a bar on stderr when it is a terminal
     (and not ``--quiet``); ``None`` otherwise."""
-    from ocdbt_py.cli.output import human_bytes
-    from ocdbt_py.cli.progress import Progress, want_progress
 
     if getattr(args, "quiet", False) or not want_progress(None):
         yield None
@@ -44,7 +45,6 @@ def progress_callback(args: argparse.Namespace, label: str) -> Iterator[Callable
 
 def check_workers(args: argparse.Namespace) -> None:
     """``--workers`` must be positive."""
-    from ocdbt_py.cli.errors import UsageError
 
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise UsageError("--workers needs a positive number (or leave it out for the CPU count)")

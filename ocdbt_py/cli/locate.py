@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ocdbt_py.cli.errors import CliError, UsageError
 from ocdbt_py.cli.options import DEFAULT_TIMEOUT, LOCATIONS, is_remote, storage_options
+from ocdbt_py.errors import NotFoundError
+from ocdbt_py.kvstore import open_kvstore
 
 if TYPE_CHECKING:
     from ocdbt_py.kvstore.base import KvStore
@@ -108,8 +110,6 @@ def _join(url: str, rel: str) -> str:
 
 def open_kvstore_checked(args: argparse.Namespace) -> KvStore:
     """The store at ``args.url``; raises a helpful error when it holds no ``manifest.ocdbt``."""
-    from ocdbt_py.errors import NotFoundError
-    from ocdbt_py.kvstore import open_kvstore
 
     url = normalize_url(args.url)
     kv = open_kvstore(url, storage_options(args), read_only=True)
@@ -131,6 +131,7 @@ def open_kvstore_checked(args: argparse.Namespace) -> KvStore:
 
 def open_database(args: argparse.Namespace, version: Any = None) -> OcdbtStore:
     """Open the database at ``args.url`` (at ``version``, default ``args.version`` if present)."""
+    # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.store import OcdbtStore
 
     kv = open_kvstore_checked(args)
@@ -172,8 +173,6 @@ def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
 
 
 def _remote_exists(url: str, args: argparse.Namespace) -> bool:
-    from ocdbt_py.kvstore import open_kvstore
-
     opts = storage_options(args, url)
     kv = open_kvstore(url, opts, read_only=True)
     if kv.exists(_MANIFEST) or next(iter(kv.list("")), None) is not None:

@@ -30,6 +30,8 @@ from typing import Any
 
 from ocdbt_py.bridges.namemap import load_name_map
 from ocdbt_py.cli.errors import UsageError
+from ocdbt_py.timeutil import to_nanoseconds
+from ocdbt_py.units import parse_size
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -156,6 +158,14 @@ def parse_storage_option(text: str) -> tuple[str, Any]:
     return key, parsed
 
 
+def size_arg(text: str) -> int:
+    """An argparse type for byte counts (``4096``, ``64MiB``, ``5GB``; see :func:`ocdbt_py.units.parse_size`)."""
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parse_timeout(text: str) -> float:
     """``--timeout``: seconds, a number >= 0."""
     try:
@@ -210,7 +220,6 @@ def parse_version(text: str) -> int | str:
         if g < 1:
             raise argparse.ArgumentTypeError("generations start at 1")
         return g
-    from ocdbt_py.timeutil import to_nanoseconds
 
     try:
         to_nanoseconds(t)

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from ocdbt_py.keys import escape_key
+from ocdbt_py.units import human_bytes
 
 if TYPE_CHECKING:
     from ocdbt_py.format.data_file_table import IndirectDataReference
@@ -52,13 +53,6 @@ def print_table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: Se
             else:
                 cells.append(cell if last else cell.ljust(widths[i]))
         stream.write("  ".join(cells).rstrip() + "\n")
-
-
-def human_bytes(n: int) -> str:
-    """``1536`` -> ``'1.5 KiB'``."""
-    from ocdbt_py.maintenance.verify import human_bytes as hb
-
-    return hb(n)
 
 
 def ref_text(ref: IndirectDataReference) -> str:

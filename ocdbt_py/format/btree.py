@@ -753,6 +753,19 @@ def _read_leaf_values(r: Reader, n: int, files: list[DataFileId], body: bytes | 
     return _LeafValues(body, vpos, lengths, kinds, files, fids, offsets)
 
 
+#: Whatever the configuration allows, a node's keys may expand to at most this many times its
+#: (decoded) body size, or this floor: a 193 KB leaf whose keys share 65,533-byte prefixes
+#: with their predecessors cannot become 1 GiB of keys under ``max_decoded_node_bytes = 0``.
+KEY_EXPANSION_RATIO = 128
+KEY_EXPANSION_FLOOR = 16 << 20
+
+
+def key_bytes_limit(body_bytes: int, max_body: int) -> int:
+    """Most bytes a node's keys may expand to: ``max_body``, and at most
+    ``KEY_EXPANSION_RATIO`` times the body size (but never less than ``KEY_EXPANSION_FLOOR``)."""
+    return min(max_body, max(KEY_EXPANSION_FLOOR, KEY_EXPANSION_RATIO * body_bytes))
+
+
 def decode_btree_node(
     data: bytes | memoryview,
     *,
@@ -765,7 +778,8 @@ def decode_btree_node(
 
     ``transitive`` is prepended to the base paths of the node's data file table;
     ``max_body`` bounds the decoded body size and the bytes its keys expand to (keys that
-    all share a long prefix come back as a compact :class:`PrefixedKeys` sequence).
+    all share a long prefix come back as a compact :class:`PrefixedKeys` sequence); the keys
+    are also bounded by :func:`key_bytes_limit` of the body size.
     """
     body = decode_envelope(data, BTREE_NODE_MAGIC, max_body=max_body, path=path, base=base)
     r = Reader(body, path=path)
@@ -780,7 +794,7 @@ def decode_btree_node(
     if 2 * n - 1 > r.remaining():
         raise r.error(f"b+tree node claims {n} entries but only {r.remaining()} bytes remain", npos)
     sizes: list[int] = []
-    keys, scp = _read_keys(r, n, height > 0, max_body, sizes)
+    keys, scp = _read_keys(r, n, height > 0, key_bytes_limit(len(body), max_body), sizes)
     node: BtreeNode
     if height == 0:
         values = _read_leaf_values(r, n, files, body)

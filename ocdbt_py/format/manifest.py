@@ -72,8 +72,14 @@ def _check_node_ranges(
                 f"version node reference (height {ref.height}, generation {ref.generation_number}) "
                 f"is outside the range its height may cover"
             )
+        most = ref.generation_number - rng[0] + 1  # generations from the range's start up to it
+        if ref.num_generations > most:
+            raise r.error(f"version node reference of generation {ref.generation_number} claims "
+                          f"{ref.num_generations} generations, at most {most} fit")
     if nodes and nodes[-1].generation_number >= versions[0].generation_number:
         raise r.error("version node generations overlap the inline versions")
+    if nodes and nodes[-1].commit_time >= versions[0].commit_time:
+        raise r.error("version node commit time is not before the inline versions'")
 
 
 def encode_manifest(manifest: Manifest) -> bytes:

@@ -105,6 +105,8 @@ def decode_version_leaf_entries(
             raise r.error("generation number 0", start)
         if i and g <= gens[i - 1]:
             raise r.error(f"generation numbers not increasing: {gens[i - 1]} then {g}", start)
+        if i and times[i] <= times[i - 1]:  # as TensorStore checks: later generations commit later
+            raise r.error(f"commit time of generation {g} is not after generation {gens[i - 1]}'s", start)
         f = _file(r, files, fids[i], fpos)
         stats = Statistics(nkeys[i], ntree[i], nind[i])
         if offsets[i] == _MISSING and lengths[i] == _MISSING and f == EMPTY_FILE_ID:
@@ -159,6 +161,10 @@ def decode_version_interior_entries(
                 raise r.error("manifest version node heights not decreasing", hpos)
         if i and gens[i] <= gens[i - 1]:
             raise r.error("version node generations not increasing", start)
+        if ngens[i] == 0:
+            raise r.error(f"version node of generation {gens[i]} holds 0 generations", start)
+        if i and times[i] <= times[i - 1]:
+            raise r.error("version node commit times not increasing", start)
         loc = IndirectDataReference(f, offsets[i], lengths[i])
         out.append(VersionNodeReference(gens[i], loc, ngens[i], times[i], heights[i]))
     return tuple(out)

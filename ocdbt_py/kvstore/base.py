@@ -193,6 +193,12 @@ class KvStore(abc.ABC):
         """
         return None
 
+    def no_follow_root(self) -> str | None:
+        """With :meth:`local_path`: the local directory below which this store follows no
+        symbolic link (callers opening :meth:`local_path` files directly must do the same,
+        e.g. with :func:`ocdbt_py.kvstore.local.open_beneath`); ``None`` when not local."""
+        return None
+
     def fsspec_location(self, key: str = "") -> tuple[Any, str] | None:
         """``(filesystem, path)`` of ``key`` when values are files of an fsspec filesystem that
         callers may stream to and list directly; ``None`` otherwise."""

@@ -5,17 +5,26 @@ readers never see a partial value.  Conditional writes are atomic between proces
 follow TensorStore's file-driver protocol so both libraries can commit to one database: the
 writer holds an exclusive lock on a sibling ``<key>.__lock`` file while it checks the
 generation, writes the new value into that lock file and renames it over the key.
+
+No symbolic link below the root is ever followed, for reads or writes (the lock files and
+data directories included): every operation walks the key's directories with
+``O_NOFOLLOW``-opened directory descriptors and opens the last component with ``O_NOFOLLOW``,
+so a database or checkpoint made by someone else cannot make us read or write outside it.  A
+link meets :class:`~ocdbt_py.errors.StorageError`; the root itself may be a link (the caller
+chose it).
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import ctypes
 import errno
 import hashlib
 import os
 import stat
 import struct
+import sys
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -30,7 +39,7 @@ try:  # POSIX only; without it conditional writes are unsupported.
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LocalStore"]
+__all__ = ["LocalStore", "open_beneath", "open_dir_beneath", "symlink_error"]
 
 _LOCK_SUFFIX = ".__lock"
 #: Marks the temporary file of a write in progress (renamed into place when complete).
@@ -66,20 +75,32 @@ class LocalStore(KvStore):
         """The file of ``key`` below :attr:`root` (``""``: the root directory itself)."""
         return self._path(key) if key else self.root
 
+    def no_follow_root(self) -> str | None:
+        """:attr:`root`: no symbolic link below it is followed."""
+        return self.root
+
     def _fail(self, what: str, key: str, exc: OSError) -> StorageError:
+        if isinstance(exc, StorageError):  # e.g. a link refused: already says what and where
+            return StorageError(str(exc))
         return StorageError(f"{what} {self.url}/{key} failed: {exc.strerror or exc}")
+
+    def _dir(self, key: str, *, create: bool = False) -> tuple[int, str]:
+        """``(descriptor of the key's directory, last component)``; the caller closes it.
+
+        Raises ``FileNotFoundError``/``NotADirectoryError`` when a directory is absent (and
+        ``create`` is false) and :class:`StorageError` when one is a symbolic link.
+        """
+        validate_key(key)
+        parts = key.split("/")
+        return open_dir_beneath(self.root, parts[:-1], create=create, url=self.url), parts[-1]
 
     # -- reading -------------------------------------------------------------------------
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
-        path = self._path(key)
         check_range(byte_range)
+        validate_key(key)
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        except FileNotFoundError:
-            return None
-        except NotADirectoryError:
-            return None
-        except IsADirectoryError:
+            fd = open_beneath(self.root, key, os.O_RDONLY | getattr(os, "O_BINARY", 0), url=self.url, validated=True)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
         except OSError as e:
             raise self._fail("reading", key, e) from e
@@ -105,13 +126,22 @@ class LocalStore(KvStore):
             os.close(fd)
 
     def size(self, key: str) -> int | None:
-        path = self._path(key)
         try:
-            st = os.stat(path)
+            dfd, name = self._dir(key)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:
             raise self._fail("reading", key, e) from e
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            raise self._fail("reading", key, e) from e
+        finally:
+            os.close(dfd)
+        if stat.S_ISLNK(st.st_mode):
+            raise symlink_error(self.url, key)
         return None if stat.S_ISDIR(st.st_mode) else st.st_size
 
     def get_many(self, requests: Sequence[ReadRequest]) -> list[bytes | None]:
@@ -120,6 +150,18 @@ class LocalStore(KvStore):
             return [self.get(k, r) for k, r in reqs]
         return super().get_many(reqs)
 
+    def _walk_top(self, top: str) -> str | None:
+        """The directory ``top`` (a prefix ending in ``/``, or empty) if it exists and no
+        component below the root is a link (else ``None``; a link raises)."""
+        names = [n for n in top.split("/") if n]
+        try:
+            os.close(open_dir_beneath(self.root, names, create=False, url=self.url))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            raise self._fail("listing", top, e) from e
+        return os.path.join(self.root, *names) if names else self.root
+
     def list(
         self, prefix: str = "", *, start: str | None = None, stop: str | None = None
     ) -> Iterator[str]:
@@ -127,10 +169,12 @@ class LocalStore(KvStore):
         # Walk only the deepest directory that contains every candidate.
         slash = prefix.rfind("/")
         top = prefix[: slash + 1] if slash >= 0 else ""
-        top_path = os.path.join(self.root, *top.split("/")) if top else self.root
+        top_path = self._walk_top(top)
+        if top_path is None:
+            return
         keys: list[bytes] = []
         pb = prefix.encode()
-        for dirpath, dirnames, filenames in os.walk(top_path):
+        for dirpath, dirnames, filenames in os.walk(top_path):  # never descends into links
             rel = os.path.relpath(dirpath, self.root)
             rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
             relb = rel.encode()
@@ -158,13 +202,15 @@ class LocalStore(KvStore):
     def list_dir(self, prefix: str = "") -> tuple[builtins.list[str], builtins.list[str]]:
         if prefix:
             validate_prefix(prefix)
-        path = os.path.join(self.root, *prefix.strip("/").split("/")) if prefix.strip("/") else self.root
         dirs: list[str] = []
         files: list[str] = []
+        path = self._walk_top(prefix.strip("/"))
+        if path is None:
+            return dirs, files
         try:
             with os.scandir(path) as it:
                 for entry in it:
-                    if entry.is_dir():
+                    if entry.is_dir(follow_symlinks=False):
                         dirs.append(entry.name)
                     elif not (entry.name.endswith(_LOCK_SUFFIX) or TMP_MARK in entry.name):
                         files.append(entry.name)
@@ -177,11 +223,10 @@ class LocalStore(KvStore):
         if self.read_only:
             raise ReadOnlyError(f"{self.url} is read-only")
 
-    def _write_temp(self, path: str, value: bytes | bytearray | memoryview | Sequence[Any]) -> str:
-        d = os.path.dirname(path)
-        os.makedirs(d, exist_ok=True)
-        tmp = f"{path}{TMP_MARK}{uuid.uuid4().hex}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o644)
+    def _write_temp(self, dfd: int, name: str, value: bytes | bytearray | memoryview | Sequence[Any]) -> str:
+        tmp = f"{name}{TMP_MARK}{uuid.uuid4().hex}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC | getattr(os, "O_BINARY", 0)
+        fd = os.open(tmp, flags, 0o644, dir_fd=dfd)
         try:
             parts: Sequence[Any] = [value] if isinstance(value, (bytes, bytearray, memoryview)) else value
             for part in parts:
@@ -190,7 +235,7 @@ class LocalStore(KvStore):
         except BaseException:
             os.close(fd)
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=dfd)
             raise
         os.close(fd)
         return tmp
@@ -200,31 +245,52 @@ class LocalStore(KvStore):
 
     def set_parts(self, key: str, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         """Store the concatenation of ``parts`` without joining them in memory."""
-        path = self._path(key)
+        validate_key(key)
         self._check_writable()
         try:
-            tmp = self._write_temp(path, parts)
-            os.replace(tmp, path)
-            _fsync_dir(os.path.dirname(path))
+            dfd, name = self._dir(key, create=True)
         except OSError as e:
             raise self._fail("writing", key, e) from e
+        try:
+            tmp = self._write_temp(dfd, name, parts)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)  # replaces a link, never its target
+            _fsync_fd(dfd)
+        except OSError as e:
+            raise self._fail("writing", key, e) from e
+        finally:
+            os.close(dfd)
 
     def delete(self, key: str) -> None:
-        path = self._path(key)
+        validate_key(key)
         self._check_writable()
         try:
-            os.unlink(path)
+            dfd, name = self._dir(key)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as e:
+            raise self._fail("deleting", key, e) from e
+        try:
+            os.unlink(name, dir_fd=dfd)
         except FileNotFoundError:
             pass
         except OSError as e:
             raise self._fail("deleting", key, e) from e
+        finally:
+            os.close(dfd)
 
     def get_with_generation(self, key: str) -> tuple[bytes | None, str | None]:
-        path = self._path(key)
         try:
-            return _read_with_generation(path)
+            dfd, name = self._dir(key)
+        except (FileNotFoundError, NotADirectoryError):
+            return None, None
         except OSError as e:
             raise self._fail("reading", key, e) from e
+        try:
+            return _read_with_generation(dfd, name, self.url, key)
+        except OSError as e:
+            raise self._fail("reading", key, e) from e
+        finally:
+            os.close(dfd)
 
     def set_if(
         self, key: str, value: bytes | bytearray | memoryview, *, if_generation: str | None
@@ -235,22 +301,34 @@ class LocalStore(KvStore):
         sure it still is the file at that path), checks the condition, then writes the new
         value into the lock file, syncs it and renames it over ``<key>``; on a failed
         condition it removes the lock file.  The generation includes a content digest, so an
-        inode reused within one timestamp tick cannot fake an unchanged generation.
+        inode reused within one timestamp tick cannot fake an unchanged generation.  A lock
+        file that is a link (symbolic or hard) is refused, never written through.
         """
-        path = self._path(key)
+        validate_key(key)
         self._check_writable()
         if fcntl is None:  # pragma: no cover
             raise UnsupportedError(f"{self.url}: conditional writes need POSIX file locks")
-        lock_path = path + _LOCK_SUFFIX
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = _acquire_lock(lock_path)
+            dfd, name = self._dir(key, create=True)
+        except OSError as e:
+            raise self._fail("locking", key, e) from e
+        try:
+            return self._set_if_in(dfd, name, key, value, if_generation)
+        finally:
+            os.close(dfd)
+
+    def _set_if_in(
+        self, dfd: int, name: str, key: str, value: bytes | bytearray | memoryview, if_generation: str | None
+    ) -> str:
+        lock_name = name + _LOCK_SUFFIX
+        try:
+            fd = _acquire_lock(dfd, lock_name, self.url, key + _LOCK_SUFFIX)
         except OSError as e:
             raise self._fail("locking", key, e) from e
         keep_lock_file = False
         try:
             try:
-                current = _read_with_generation(path)[1]
+                current = _read_with_generation(dfd, name, self.url, key)[1]
             except OSError as e:
                 raise self._fail("reading", key, e) from e
             if current != if_generation:
@@ -267,17 +345,161 @@ class LocalStore(KvStore):
                 _write_all(fd, value)
                 os.fsync(fd)
                 st = os.fstat(fd)
-                os.rename(lock_path, path)
+                os.rename(lock_name, name, src_dir_fd=dfd, dst_dir_fd=dfd)
                 keep_lock_file = True
-                _fsync_dir(os.path.dirname(path))
+                _fsync_fd(dfd)
             except OSError as e:
                 raise self._fail("writing", key, e) from e
             return _generation(st, bytes(memoryview(value).cast("B")) if st.st_size <= _HASH_LIMIT else None)
         finally:
             if not keep_lock_file:
                 with contextlib.suppress(OSError):
-                    os.unlink(lock_path)
+                    os.unlink(lock_name, dir_fd=dfd)
             os.close(fd)
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
+
+
+def symlink_error(url: str, key: str) -> StorageError:
+    """The error for a symbolic link met below a store's root."""
+    return StorageError(f"{url}/{key} is a symbolic link: links inside a store are never followed")
+
+
+def _is_link(dfd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def open_dir_beneath(root: str, names: Sequence[str], *, create: bool = False, url: str | None = None) -> int:
+    """A descriptor of the directory ``root/names...``, opened one component at a time with
+    ``O_NOFOLLOW`` so that no component below ``root`` may be a symbolic link (``root`` itself
+    may be).  With ``create`` missing directories (``root`` included) are made.  Raises
+    ``FileNotFoundError``/``NotADirectoryError`` for an absent directory and
+    :class:`StorageError` for a link."""
+    try:
+        fd = os.open(root, _DIR_FLAGS)
+    except FileNotFoundError:
+        if not create:
+            raise
+        os.makedirs(root, exist_ok=True)
+        fd = os.open(root, _DIR_FLAGS)
+    try:
+        for i, name in enumerate(names):
+            try:
+                nfd = os.open(name, _DIR_FLAGS | _NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o777, dir_fd=fd)
+                nfd = os.open(name, _DIR_FLAGS | _NOFOLLOW, dir_fd=fd)
+            except OSError as e:
+                if _is_link(fd, name):
+                    raise symlink_error(url or "file://" + root, "/".join(names[: i + 1])) from e
+                raise
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_RESOLVE_NO_SYMLINKS = 0x04
+_SYS_OPENAT2 = 437  # the same number on every Linux architecture (unified syscall table)
+_AT_FDCWD = -100
+_openat2: Any = None  # libc's syscall(), once found to support openat2; False: unavailable
+_real_roots: dict[str, str] = {}
+_hows: dict[int, Any] = {}  # open flags -> a reference to its (immortal) open_how
+_HOW_SIZE = ctypes.sizeof(_OpenHow)
+
+
+def _syscall() -> Any:
+    global _openat2
+    if _openat2 is None:
+        _openat2 = False
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                fn = libc.syscall
+                fn.restype = ctypes.c_long
+                fn.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
+                _openat2 = fn
+            except (OSError, AttributeError):
+                pass
+    return _openat2
+
+
+def _open_fast(root: str, key: str, flags: int) -> int | None:
+    """One ``openat2(RESOLVE_NO_SYMLINKS)`` of ``realpath(root)/key`` (Linux >= 5.6): the fd,
+    ``None`` when the fast path cannot answer (no openat2, or a link met: the caller walks to
+    say which), or the ``OSError`` of an absent or unreadable file."""
+    global _openat2
+    fn = _syscall()
+    if not fn:
+        return None
+    real = _real_roots.get(root)
+    if real is None:
+        real = os.path.realpath(root)
+        if not os.path.isdir(real):
+            return None
+        if len(_real_roots) < 4096:
+            _real_roots[root] = real
+    path = (real.rstrip("/") + "/" + key).encode("utf-8", "surrogateescape")
+    how = _hows.get(flags)
+    if how is None:
+        how = _hows[flags] = ctypes.byref(_OpenHow(flags | _CLOEXEC | _NOFOLLOW, 0, _RESOLVE_NO_SYMLINKS))
+    fd = fn(_SYS_OPENAT2, _AT_FDCWD, path, how, _HOW_SIZE)
+    if fd >= 0:
+        return int(fd)
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EPERM, errno.E2BIG, errno.EINVAL):
+        _openat2 = False  # old kernel or a sandbox: walk from now on
+        return None
+    if err in (errno.ELOOP, errno.EXDEV, errno.EAGAIN):
+        return None
+    raise OSError(err, os.strerror(err), os.fsdecode(path))
+
+
+def open_beneath(root: str, key: str, flags: int = os.O_RDONLY, *, url: str | None = None,
+                 validated: bool = False) -> int:
+    """Open the file ``key`` (a ``/``-separated relative key, checked unless ``validated``)
+    below ``root`` with no symbolic link followed below ``root``; raises like
+    :func:`open_dir_beneath`.
+
+    On Linux one ``openat2`` call with ``RESOLVE_NO_SYMLINKS`` does it; elsewhere (or when it
+    meets a link, to say which) the directories are walked with ``O_NOFOLLOW``."""
+    if not validated:
+        validate_key(key)
+    if not flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR):
+        fd = _open_fast(root, key, flags)
+        if fd is not None:
+            return fd
+    parts = key.split("/")
+    url = url or "file://" + root
+    dfd = open_dir_beneath(root, parts[:-1], url=url)
+    try:
+        return _open_file(dfd, parts[-1], flags, url, key)
+    finally:
+        os.close(dfd)
+
+
+def _open_file(dfd: int, name: str, flags: int, url: str, key: str, mode: int = 0o644) -> int:
+    try:
+        return os.open(name, flags | _NOFOLLOW | _CLOEXEC, mode, dir_fd=dfd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EMLINK, errno.ENOTDIR) and _is_link(dfd, name):
+            raise symlink_error(url, key) from e
+        raise
 
 
 def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -287,18 +509,10 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[n:]
 
 
-def _fsync_dir(path: str) -> None:
-    """Make a rename in ``path`` durable (best effort where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
+def _fsync_fd(fd: int) -> None:
+    """Make a rename in the directory open as ``fd`` durable (best effort)."""
+    with contextlib.suppress(OSError):
         os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _lock_fd(fd: int) -> None:
@@ -321,14 +535,18 @@ def _lock_fd(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX)
 
 
-def _acquire_lock(lock_path: str) -> int:
-    """Open and lock ``lock_path``, retrying until the locked file is the one at that path."""
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(lock_path, flags, 0o644)
+def _acquire_lock(dfd: int, lock_name: str, url: str, key: str) -> int:
+    """Open and lock ``lock_name`` in ``dfd``, retrying until the locked file is the one at
+    that name.  A lock file that is a symbolic link or has other hard links is refused: the
+    new value is written into it, which would write through the link."""
+    flags = os.O_RDWR | os.O_CREAT
+    fd = _open_file(dfd, lock_name, flags, url, key)
     while True:
         try:
+            if os.fstat(fd).st_nlink > 1:
+                raise StorageError(f"{url}/{key} has other hard links: refusing to write through it")
             _lock_fd(fd)
-            other = os.open(lock_path, flags, 0o644)
+            other = _open_file(dfd, lock_name, flags, url, key)
         except BaseException:
             os.close(fd)
             raise
@@ -343,14 +561,14 @@ def _acquire_lock(lock_path: str) -> int:
 _NOATIME = getattr(os, "O_NOATIME", 0)
 
 
-def _read_with_generation(path: str) -> tuple[bytes | None, str | None]:
+def _read_with_generation(dfd: int, name: str, url: str, key: str) -> tuple[bytes | None, str | None]:
     flags = os.O_RDONLY | getattr(os, "O_BINARY", 0)
     try:
         try:
             # no access-time update: it would add a journaled metadata write to every commit
-            fd = os.open(path, flags | _NOATIME)
+            fd = _open_file(dfd, name, flags | _NOATIME, url, key)
         except PermissionError:  # O_NOATIME needs ownership of the file
-            fd = os.open(path, flags)
+            fd = _open_file(dfd, name, flags, url, key)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None, None
     try:

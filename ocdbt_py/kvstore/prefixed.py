@@ -83,6 +83,9 @@ class PrefixStore(KvStore):
     def local_path(self, key: str = "") -> str | None:
         return self.base.local_path(self._k(key) if key else self.prefix.rstrip("/"))
 
+    def no_follow_root(self) -> str | None:
+        return self.base.no_follow_root()
+
     def fsspec_location(self, key: str = "") -> tuple[Any, str] | None:
         return self.base.fsspec_location(self._k(key) if key else self.prefix.rstrip("/"))
 

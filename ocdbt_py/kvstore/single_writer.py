@@ -44,6 +44,9 @@ class SingleWriterStore(KvStore):
     def local_path(self, key: str = "") -> str | None:
         return self.base.local_path(key)
 
+    def no_follow_root(self) -> str | None:
+        return self.base.no_follow_root()
+
     def fsspec_location(self, key: str = "") -> tuple[Any, str] | None:
         return self.base.fsspec_location(key)
 

@@ -14,7 +14,10 @@ version tree), then walks the B+tree of every generation and
 * checks that every referenced byte range (nodes and out-of-line values) lies within its
   data file, asking each file's size once.
 
-Nodes shared between generations are checked once (by location).  Problems are collected
+A node reached twice within one generation's tree (parent entries sharing a subtree: a DAG,
+which TensorStore never writes and which can make a few KB describe 10^9 keys) is reported
+once and not walked again.  Nodes shared between generations are checked once (by
+location).  Problems are collected
 rather than raised, up to ``max_problems``; a missing or truncated data file is one problem
 that counts the references it breaks.  Memory stays bounded: nodes are decoded a window at a
 time and only small per-node summaries (capped in number) are remembered.
@@ -41,10 +44,12 @@ from ocdbt_py.format.version_tree import BtreeGenerationReference, VersionNodeRe
 from ocdbt_py.keys import escape_key
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.maintenance.verify_data import DataReport, verify_data
 from ocdbt_py.read.cache import LruCache
 from ocdbt_py.read.node_reader import NodeReader
 from ocdbt_py.read.version_read import find_generation, read_manifest
 from ocdbt_py.store import OcdbtStore
+from ocdbt_py.units import human_bytes
 
 if TYPE_CHECKING:
     from ocdbt_py.read.node_reader import NodeReader
@@ -115,11 +120,13 @@ class VerifyReport:
     value_bytes: int = 0
     data_files: int = 0
     complete: bool = True
+    #: with ``verify(data=True)``: the chunk decoding pass (:mod:`.verify_data`)
+    data: DataReport | None = None
 
     @property
     def ok(self) -> bool:
-        """True when no problem was found."""
-        return not self.problems
+        """True when no problem was found (nor a chunk that fails to decode)."""
+        return not self.problems and (self.data is None or self.data.ok)
 
     @property
     def bytes_checked(self) -> int:
@@ -130,6 +137,7 @@ class VerifyReport:
         """Plain JSON data (problems as objects)."""
         out = dataclasses.asdict(self)
         out["problems"] = [p.to_json() for p in self.problems]
+        out["data"] = None if self.data is None else self.data.to_json()
         out["ok"] = self.ok
         out["bytes_checked"] = self.bytes_checked
         return out
@@ -148,7 +156,7 @@ class VerifyReport:
     def format(self) -> str:
         """A human-readable multi-line report."""
         lines = []
-        if self.ok:
+        if not self.problems:
             lines.append(f"OK: {self.url}")
         else:
             more = "" if self.complete else f" (stopped after the first {len(self.problems)})"
@@ -156,23 +164,13 @@ class VerifyReport:
             lines.append(f"FAILED: {self.url}: {n} problem{_s(n)}{more}")
             lines.extend(f"  {p}" for p in self.problems)
         lines.append(self.summary())
+        if self.data is not None:
+            lines.append(self.data.format())
         return "\n".join(lines)
 
 
 def _s(n: int) -> str:
     return "" if n == 1 else "s"
-
-
-def human_bytes(n: int) -> str:
-    """``1536`` -> ``'1.5 KiB'``."""
-    if n < 1024:
-        return f"{n} B"
-    x = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        x /= 1024
-        if x < 1024 or unit == "PiB":
-            break
-    return f"{x:.1f} {unit}"
 
 
 class _Stop(Exception):
@@ -246,6 +244,8 @@ class _Verifier:
         self.memo: OrderedDict[tuple[IndirectDataReference, bytes], _Summary] = OrderedDict()
         self.memo_bytes = 0
         self.generation: int | None = None
+        #: (file, offset) of every b+tree node reached in the current generation's walk
+        self.gen_nodes: set[tuple[object, int]] = set()
 
     # -- problems ----------------------------------------------------------------------------
     def problem(self, file: str | None | Problem, message: str = "", offset: int | None = None) -> None:
@@ -377,6 +377,7 @@ class _Verifier:
     def version(self, v: BtreeGenerationReference) -> None:
         self.generation = v.generation_number
         self.report.versions += 1
+        self.gen_nodes = set()
         if v.root is not None:
             s = self.subtree(v.root, v.root_height, b"", b"", None, None)
             if s is not None and s.stats != v.statistics:
@@ -453,7 +454,14 @@ class _Verifier:
         hi: bytes | None,
         data: bytes | None,
     ) -> _Summary | None:
-        """Check the subtree at ``ref``; ``None`` if its root node is unreadable."""
+        """Check the subtree at ``ref``; ``None`` if its root node is unreadable (or shared)."""
+        loc = (ref.file, ref.offset)
+        if loc in self.gen_nodes:
+            self.problem(self.reader.file_key(ref.file), "b+tree node is shared: a second parent entry "
+                         "references it in the same generation (a DAG, not a tree); not walked again",
+                         ref.offset)
+            return None
+        self.gen_nodes.add(loc)
         mkey = (ref, prefix)
         s = self.memo.get(mkey)
         if s is None:
@@ -559,6 +567,7 @@ def verify(
     progress: Callable[[VerifyReport], None] | None = None,
     max_problems: int = 100,
     storage_options: dict[str, Any] | None = None,
+    data: bool = False,
 ) -> VerifyReport:
     """Check the integrity of an OCDBT database; see the module docstring for what is checked.
 
@@ -567,6 +576,9 @@ def verify(
     selected version, or the latest for a location.  ``progress`` is called often with the
     report being filled in.  Returns a :class:`VerifyReport` (a corrupt manifest is a problem
     too); raises :class:`~ocdbt_py.errors.NotFoundError` when there is no database at all.
+    With ``data=True`` every chunk of every Zarr array in the selected (or latest) version is
+    decoded too, once the structure is clean (:func:`~.verify_data.verify_data`; the result
+    is ``report.data``).
     """
 
     selected: int | None = None
@@ -610,4 +622,7 @@ def verify(
         report.complete = False
     finally:
         sys.setrecursionlimit(limit)
+    if data and not report.problems:
+        target = db_or_url if isinstance(db_or_url, OcdbtStore) else OcdbtStore(kv)
+        report.data = verify_data(target, max_problems=max_problems)
     return report

@@ -1,7 +1,11 @@
 """B+tree read algorithms: point lookup, batched lookup, and ordered range iteration.
 
 All traversals are iterative or bounded by the tree height (a byte, so at most 255 levels),
-and every node's height must be its parent's minus one.
+and every node's height must be its parent's minus one.  A B+tree is a tree: a node reached
+a second time within one traversal (two parent entries sharing one child, which TensorStore
+never writes) is :class:`~ocdbt_py.errors.CorruptionError`, so the work of a listing is
+bounded by the stored bytes it reads -- a few KB of nodes sharing children cannot describe
+10^9 keys.
 """
 
 from __future__ import annotations
@@ -140,7 +144,7 @@ def iterate(
     if ref is None:
         return
     top = reader.btree_node(ref, height)
-    for leaf, prefix, rng in _walk(reader, top, b"", lo, hi, None):
+    for leaf, prefix, rng in _walk(reader, top, b"", lo, hi, None, {(ref.file, ref.offset)}):
         keys = leaf.keys
         values = leaf.values
         for i in rng:
@@ -201,7 +205,7 @@ def _leaf_key_runs(reader: NodeReader, root: Root, lo: bytes, hi: bytes | None) 
     if ref is None:
         return
     top = reader.btree_node(ref, height)
-    for leaf, prefix, rng in _walk(reader, top, b"", lo, hi, None):
+    for leaf, prefix, rng in _walk(reader, top, b"", lo, hi, None, {(ref.file, ref.offset)}):
         keys = leaf.keys
         run: Iterable[bytes]
         if isinstance(keys, list):
@@ -215,13 +219,19 @@ def _out_of_range(reader: NodeReader, ref: IndirectDataReference, what: str) -> 
     return CorruptionError(f"b+tree node {what}", path=reader.file_key(ref.file), offset=ref.offset)
 
 
+def _shared(reader: NodeReader, ref: IndirectDataReference) -> CorruptionError:
+    return _out_of_range(reader, ref, "is reached twice in one traversal (parent entries share a subtree)")
+
+
 def _walk(
-    reader: NodeReader, node: BtreeNode, prefix: bytes, lo: bytes, hi: bytes | None, upper: bytes | None
+    reader: NodeReader, node: BtreeNode, prefix: bytes, lo: bytes, hi: bytes | None, upper: bytes | None,
+    seen: set[tuple[object, int]],
 ) -> Iterator[tuple[LeafNode, bytes, range]]:
     """The leaves below ``node`` (whose keys are relative to ``prefix``) in key order, each with
     its prefix and the range of its entries that lies in ``[lo, hi)``.
 
-    ``upper`` is the exclusive bound the parent gives this subtree (``None``: none).
+    ``upper`` is the exclusive bound the parent gives this subtree (``None``: none); ``seen``
+    holds the ``(file, offset)`` of every node of this traversal so far.
     """
     if isinstance(node, LeafNode):
         rng = _leaf_range(node, prefix, lo, hi)
@@ -242,6 +252,11 @@ def _walk(
         window = idx[w:end]
         w = end
         refs = [node.children[i].location for i in window]
+        for ref in refs:
+            loc = (ref.file, ref.offset)
+            if loc in seen:
+                raise _shared(reader, ref)
+            seen.add(loc)
         children = reader.btree_nodes(refs, node.height - 1)
         for i, ref, child in zip(window, refs, children):
             scp = node.subtree_prefix_lengths[i]
@@ -253,7 +268,7 @@ def _walk(
             child_prefix = prefix + entry[:scp]
             if child_upper is not None and child_prefix + child.keys[-1] >= child_upper:
                 raise _out_of_range(reader, ref, "has a key at or above the next parent entry's key")
-            yield from _walk(reader, child, child_prefix, lo, hi, child_upper)
+            yield from _walk(reader, child, child_prefix, lo, hi, child_upper, seen)
 
 
 def walk_nodes(
@@ -264,8 +279,12 @@ def walk_nodes(
     if ref is None:
         return
     stack: list[tuple[IndirectDataReference, int, bytes]] = [(ref, height, b"")]
+    seen: set[tuple[object, int]] = set()
     while stack:
         r, h, prefix = stack.pop()
+        if (r.file, r.offset) in seen:
+            raise _shared(reader, r)
+        seen.add((r.file, r.offset))
         node = reader.btree_node(r, h)
         yield r, node, prefix
         if isinstance(node, InteriorNode):

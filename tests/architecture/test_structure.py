@@ -24,6 +24,7 @@ RANK: dict[str, float] = {
     "ocdbt_py.pools": 0,
     "ocdbt_py.timeutil": 0,
     "ocdbt_py.keys": 0,
+    "ocdbt_py.units": 0,
     "ocdbt_py.format": 1,
     "ocdbt_py.kvstore": 1.5,
     "ocdbt_py.read": 2,
@@ -157,3 +158,15 @@ def test_jax_is_imported_only_where_it_is_used() -> None:
                 loads_jax.add(e.source)
                 changed = True
     assert loads_jax == JAX_MODULES
+
+
+def test_cli_starts_without_numpy() -> None:
+    """Every command module is imported to build the parser: ``ocdbt --help`` stays fast."""
+    import subprocess
+
+    code = ("import sys; from ocdbt_py.cli.app import build_parser; build_parser(); "
+            "heavy = sorted(m for m in ('numpy', 'ocdbt_py.store', 'ocdbt_py.checkpoint', 'zarr3') "
+            "if m in sys.modules); "
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=imports.ROOT, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr

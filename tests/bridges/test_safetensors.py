@@ -15,8 +15,8 @@ import pytest
 
 from ocdbt_py import checkpoint
 from ocdbt_py.bridges.namemap import NameMap, load_name_map
-from ocdbt_py.bridges.safetensors_format import parse_size
 from ocdbt_py.errors import CorruptionError
+from ocdbt_py.units import parse_size
 from tests.objectstores.conftest import s3_server  # noqa: F401 - the session's moto server
 
 safetensors = pytest.importorskip("safetensors")

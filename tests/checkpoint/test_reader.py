@@ -139,13 +139,17 @@ def test_coalesced_ocdbt_reads(tmp_path: Path) -> None:
         ocdbt_py.open(str(tmp_path)).get_many(keys)
 
 
+@pytest.mark.parametrize("span_min", [0, 1])
 @pytest.mark.parametrize("mmap_min", [1, 1 << 40])
-def test_local_fast_path_matches(monkeypatch: pytest.MonkeyPatch, mmap_min: int, orbax_corpus: Corpus) -> None:
-    """Local reads (coalesced preadv into pooled buffers, or mmap) give Orbax's values."""
+def test_local_fast_path_matches(monkeypatch: pytest.MonkeyPatch, mmap_min: int, span_min: int,
+                                 orbax_corpus: Corpus) -> None:
+    """Local reads (coalesced preadv into pooled buffers, mapped coalesced spans, or mmap of
+    single chunks) give Orbax's values."""
     from ocdbt_py.checkpoint.restore import localread
 
     corpus = orbax_corpus
     monkeypatch.setattr(localread, "MMAP_MIN", mmap_min)
+    monkeypatch.setattr(localread, "MMAP_SPAN_MIN", span_min)
     monkeypatch.setattr(localread, "COALESCE_MAX", 40000)  # several coalesced groups per file
     monkeypatch.setattr(reader_mod, "SMALL_ARRAY_BYTES", 20000)  # stream the bigger arrays
     for case in ("chunked_zarr2", "chunked_zarr3", "perparam_zarr3", "multiprocess_zarr3", "no_merged_root"):
@@ -161,9 +165,10 @@ def test_local_fast_path_damaged_files(tmp_path: Path, monkeypatch: pytest.Monke
     from ocdbt_py.checkpoint.restore import localread
 
     corpus = orbax_corpus
-    for mmap_min in (1, 1 << 40):
+    for mmap_min, span_min in ((1, 0), (1 << 40, 0), (1 << 40, 1)):
         monkeypatch.setattr(localread, "MMAP_MIN", mmap_min)
-        dst = tmp_path / f"c{mmap_min}"
+        monkeypatch.setattr(localread, "MMAP_SPAN_MIN", span_min)
+        dst = tmp_path / f"c{mmap_min}_{span_min}"
         shutil.copytree(corpus.path("chunked_zarr3"), dst)
         files = sorted((dst / "ocdbt.process_0" / "d").iterdir(), key=lambda p: p.stat().st_size)
         files[-1].write_bytes(files[-1].read_bytes()[:100])
@@ -173,3 +178,38 @@ def test_local_fast_path_damaged_files(tmp_path: Path, monkeypatch: pytest.Monke
         with pytest.raises(CorruptionError, match="missing"):
             checkpoint.restore(dst)
 
+
+
+@pytest.mark.parametrize("span_min", [0, 1])
+def test_local_source_mapped_spans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, span_min: int) -> None:
+    """Coalesced chunks handed out as views of one mapping (``MMAP_SPAN_MIN``) are the same
+    bytes as the pooled reads; the mapping is closed once every chunk of it is done, a
+    truncated span is corruption, and an absent key stays ``None``."""
+    from ocdbt_py.checkpoint.restore import localread
+    from ocdbt_py.checkpoint.restore.locations import Location
+
+    monkeypatch.setattr(localread, "MMAP_SPAN_MIN", span_min)
+    monkeypatch.setattr(localread, "MMAP_MIN", 1 << 40)
+    rng = np.random.default_rng(5)
+    data = rng.integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    path = tmp_path / "d0"
+    path.write_bytes(data)
+    table = {f"k{i}": Location(0, str(path), off, n) for i, (off, n) in
+             enumerate([(0, 1000), (1000, 50_000), (60_000, 7), (61_000, 100_000), (250_000, 50_000)])}
+    table["inline"] = Location(0, None, 0, 3, b"abc")
+    src = localread.LocalSource(lambda keys: [table.get(k) for k in keys], table)
+    keys = ["k3", "k0", "missing", "k1", "inline", "k2", "k4"]
+    out, done = src.fetch(keys)
+    want = [None if (loc := table.get(k)) is None else
+            (loc.inline if loc.file is None else data[loc.offset:loc.offset + loc.length]) for k in keys]
+    assert [None if v is None else bytes(v) for v in out] == want
+    views = [v for v in out if isinstance(v, memoryview)]
+    for i in range(len(keys)):
+        done(i)
+    if span_min:
+        with pytest.raises(ValueError):  # released with their mapping
+            bytes(views[0])
+    path.write_bytes(data[:200_000])  # k4 now reaches past the end
+    with pytest.raises(CorruptionError, match="truncated"):
+        src.fetch(["k3", "k4"])
+    src.close()

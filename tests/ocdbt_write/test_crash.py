@@ -86,6 +86,10 @@ class _ScenarioServer:
     def __init__(self) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        # NumPy's BLAS starts worker threads when imported; the server must stay single-threaded
+        # to fork safely, and a commit does no linear algebra
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[var] = "1"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.ocdbt_write._crash_child", "serve"],
             cwd=_REPO_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

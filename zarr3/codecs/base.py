@@ -204,6 +204,11 @@ class BytesBytesCodec(Codec):
         res = self.decode(data, len(out), len(out))
         out[:] = as_uint8(res)
 
+    def check_decodable(self, data: Buffer, size: int | None) -> None:
+        """Raise :class:`CorruptionError` if ``data`` cannot decode to ``size`` bytes, judged
+        cheaply from its header and length (called before any chunk-sized buffer is
+        allocated for it).  The default checks nothing."""
+
     def encoded_size(self, decoded_size: int | None) -> int | None:
         """Exact encoded size for a given decoded size, if fixed (checksums), else ``None``."""
         return None

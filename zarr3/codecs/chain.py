@@ -17,6 +17,7 @@ from zarr3.codecs.base import (
     as_uint8,
 )
 from zarr3.codecs.bytes import BytesCodec
+from zarr3.codecs.crc32c import Crc32cCodec
 from zarr3.errors import MetadataError
 
 __all__ = ["CodecChain", "equals_fill"]
@@ -143,6 +144,19 @@ class CodecChain:
         return self.bounds[-1]
 
     # -- decoding ------------------------------------------------------------------------
+    def check_decodable(self, data: Buffer) -> None:
+        """Cheap check that stored ``data`` can decode to this chunk (its outermost codec
+        judges from the header and length); call it before allocating a chunk buffer."""
+        for i in range(len(self.bb) - 1, -1, -1):
+            codec = self.bb[i]
+            codec.check_decodable(data, self.sizes[i])
+            if not isinstance(codec, Crc32cCodec):
+                break
+            mv = as_uint8(data)  # a checksum trailer: judge what it wraps
+            if len(mv) < 4:
+                break
+            data = mv[:-4]
+
     def _decode_bytes(self, data: Buffer, scratch: memoryview | None) -> Buffer:
         """Undo the bytes->bytes codecs; the result may live in ``scratch``."""
         bb = self.bb

@@ -21,6 +21,9 @@ __all__ = ["ZstdCodec", "zstd_compress", "zstd_decompress"]
 
 _local = threading.local()
 _STEP = 1 << 20
+#: No zstd data decodes to more than this many times its length: every block has a 3-byte
+#: header and at least one byte of content (an RLE block), and yields at most 128 KiB.
+MAX_RATIO = (128 << 10) // 4
 
 
 def _dctx() -> zstandard.ZstdDecompressor:
@@ -81,6 +84,11 @@ def zstd_compress(data: Buffer, level: int, checksum: bool, *, streaming: bool =
 
 
 def _check_header(data: Buffer, size: int | None, bound: int) -> None:
+    """Reject, before anything is allocated, a frame that declares more than expected and a
+    decoded size that ``data`` is too short to produce (a 13-byte frame cannot hold 2 GiB)."""
+    n = memoryview(data).nbytes
+    if size is not None and size > MAX_RATIO * n:
+        raise CorruptionError(f"{n} bytes of zstd data cannot decompress to the {size} bytes expected")
     try:
         declared = zstandard.frame_content_size(data)
     except zstandard.ZstdError as e:
@@ -90,6 +98,8 @@ def _check_header(data: Buffer, size: int | None, bound: int) -> None:
             raise CorruptionError(f"zstd frame declares {declared} bytes, expected {size}")
         if declared > bound:
             raise CorruptionError(f"zstd frame declares {declared} bytes, more than {bound}")
+        if declared > MAX_RATIO * n:
+            raise CorruptionError(f"zstd frame declares {declared} bytes but holds only {n}")
 
 
 def zstd_decompress(data: Buffer, size: int | None, bound: int) -> Buffer:
@@ -197,6 +207,9 @@ class ZstdCodec(BytesBytesCodec):
 
     def decode_into(self, data: Buffer, out: memoryview) -> None:
         zstd_decompress_into(data, out)
+
+    def check_decodable(self, data: Buffer, size: int | None) -> None:
+        _check_header(data, size, size if size is not None else MAX_RATIO * memoryview(data).nbytes)
 
     def max_encoded_size(self, decoded_size: int) -> int:
         # ZSTD_compressBound plus frame header and checksum

@@ -10,6 +10,8 @@ its chunks are decoded.  Remote stores keep using :meth:`KvStore.get_many`.
 
 Locations come only from validated keys (the OCDBT data-file paths are checked like every
 key), every read must return exactly the bytes requested, and a short read is corruption.
+Files are opened, and per-chunk files found, with no symbolic link followed below the store's
+:meth:`~ocdbt_py.kvstore.KvStore.no_follow_root` (see :func:`ocdbt_py.kvstore.local.open_beneath`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.coalesce import merge_ranges
 from ocdbt_py.kvstore.keys import validate_key
+from ocdbt_py.kvstore.local import open_beneath, open_dir_beneath, symlink_error
 
 __all__ = ["LocalSource", "local_root"]
 
@@ -42,11 +45,21 @@ POOL_BYTES = 256 << 20
 #: then unmapped: no copy at all.  Checkpoint files are never modified in place (writers
 #: replace files, and OCDBT data files are immutable), so a mapping cannot be truncated under us.
 MMAP_MIN = 1 << 20
+#: Coalesced reads of several chunks at least this large are mapped too (``0``: never), and
+#: their chunks decoded straight from the page cache (see :meth:`LocalSource._map_span`).
+MMAP_SPAN_MIN = 1 << 20
 
 
 def local_root(kv: KvStore) -> str | None:
     """The local directory a store reads from (through prefix views), or ``None``."""
     return kv.local_path()
+
+
+def _relkey(anchor: str, path: str) -> str:
+    rel = os.path.relpath(path, anchor)
+    if rel == os.curdir or rel.startswith(os.pardir):
+        raise StorageError(f"{path} is not below {anchor}")
+    return rel.replace(os.sep, "/")
 
 
 class LocalSource:
@@ -58,8 +71,10 @@ class LocalSource:
     """
 
     def __init__(self, locate: Callable[[Sequence[str]], list[Location | None]],
-                 table: dict[str, Location] | None = None):
+                 table: dict[str, Location] | None = None, anchor: str | None = None):
         self.locate = locate
+        #: the store's no-follow root: files below it are opened with no link followed
+        self.anchor = anchor
         #: for OCDBT items: every key's location (inline values included), from one B+tree scan
         self.table = table
         self.pool = SlabPool(POOL_BYTES, COALESCE_MAX)
@@ -68,7 +83,7 @@ class LocalSource:
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def for_ocdbt(cls, databases: Sequence[tuple[str, Any]]) -> LocalSource:
+    def for_ocdbt(cls, databases: Sequence[tuple[str, Any]], anchor: str | None = None) -> LocalSource:
         """``databases``: ``(local root directory, OcdbtStore)`` pairs, searched in order."""
         table: dict[str, Location] = {}
         for root, db in databases:
@@ -83,28 +98,23 @@ class LocalSource:
                 if path is None:
                     path = paths[fkey] = os.path.join(root, *fkey.split("/"))
                 table[k] = Location(0, path, offset, length)
-        return cls(lambda keys: [table.get(k) for k in keys], table)
+        return cls(lambda keys: [table.get(k) for k in keys], table, anchor)
 
     @classmethod
-    def for_dirs(cls, root: str) -> LocalSource:
+    def for_dirs(cls, root: str, anchor: str | None = None) -> LocalSource:
         """Per-parameter directories below ``root``: each chunk key is a file."""
+        base = anchor if anchor is not None else root
 
         def locate(keys: Sequence[str]) -> list[Location | None]:
             out: list[Location | None] = []
             for k in keys:
                 validate_key(k)
                 path = os.path.join(root, *k.split("/"))
-                try:
-                    st = os.stat(path)
-                except (FileNotFoundError, NotADirectoryError):
-                    out.append(None)
-                    continue
-                except OSError as e:
-                    raise StorageError(f"cannot stat {path}: {e.strerror}") from e
-                out.append(Location(0, path, 0, st.st_size) if not _isdir(st) else None)
+                st = _lstat_beneath(base, path)
+                out.append(Location(0, path, 0, st.st_size) if st is not None and not _isdir(st) else None)
             return out
 
-        return cls(locate)
+        return cls(locate, anchor=anchor)
 
     # -- reading ---------------------------------------------------------------------------
     def _fd(self, path: str) -> int:
@@ -114,7 +124,10 @@ class LocalSource:
                 fd = self._fds.get(path)
                 if fd is None:
                     try:
-                        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                        if self.anchor is not None:
+                            fd = open_beneath(self.anchor, _relkey(self.anchor, path))
+                        else:
+                            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                     except FileNotFoundError as e:
                         raise CorruptionError(f"data file {path} referenced by the checkpoint is missing") from e
                     except OSError as e:
@@ -174,6 +187,8 @@ class LocalSource:
         buffers: list[np.ndarray] = []
         pending: list[int] = []
         maps: dict[int, tuple[mmap.mmap, memoryview, memoryview]] = {}
+        span_of: list[int] = [-1] * len(keys)
+        mapped: list[list[Any]] = []  # [mapping, base view, member views left, chunk views]
         for path, idxs in by_file.items():
             spans = sorted((loc.offset, loc.offset + loc.length, j) for j in idxs
                            if (loc := locs[j]) is not None)
@@ -186,6 +201,9 @@ class LocalSource:
                     continue
                 start = first.offset
                 stop = max(locs[j].offset + locs[j].length for j in g)  # type: ignore[union-attr]
+                if MMAP_SPAN_MIN and stop - start >= MMAP_SPAN_MIN:
+                    self._map_span(path, start, stop, [(j, locs[j]) for j in g], out, span_of, mapped)
+                    continue
                 buf, mv = self._read(path, start, stop - start)
                 b_index = len(buffers)
                 buffers.append(buf)
@@ -199,6 +217,15 @@ class LocalSource:
 
         def done(i: int) -> None:
             out[i] = None
+            s = span_of[i]
+            if s >= 0:
+                span_of[i] = -1
+                with lock:
+                    mapped[s][2] -= 1
+                    last_view = mapped[s][2] == 0
+                if last_view:
+                    _unmap(mapped[s])
+                return
             m = maps.pop(i, None)
             if m is not None:
                 mm, base, view = m
@@ -221,6 +248,20 @@ class LocalSource:
 
         return out, done
 
+    def _map_span(self, path: str, start: int, stop: int, members: list[tuple[int, Any]], out: list[Any],
+                  span_of: list[int], mapped: list[list[Any]]) -> None:
+        """Map ``[start, stop)`` of ``path`` once and hand out each member's bytes as a view of
+        the mapping (no copy into a buffer, and no fresh buffer pages to fault in); the mapping
+        goes once every member is done."""
+        mm, base, view = self._map(path, start, stop - start)
+        views = []
+        for j, loc in members:
+            v = view[loc.offset - start: loc.offset - start + loc.length]
+            out[j] = v
+            views.append(v)
+            span_of[j] = len(mapped)
+        mapped.append([mm, base, len(members), views + [view]])
+
     def close(self) -> None:
         """Close the cached file descriptors."""
         with self._fd_lock:
@@ -233,6 +274,45 @@ class LocalSource:
 
     def __del__(self) -> None:
         self.close()
+
+
+def _lstat_beneath(base: str, path: str) -> os.stat_result | None:
+    """``lstat`` of ``path`` below ``base`` with no directory link followed (``None``: absent);
+    a link raises :class:`StorageError`."""
+    parts = _relkey(base, path).split("/")
+    try:
+        dfd = open_dir_beneath(base, parts[:-1])
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except StorageError:
+        raise
+    except OSError as e:
+        raise StorageError(f"cannot stat {path}: {e.strerror}") from e
+    try:
+        st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise StorageError(f"cannot stat {path}: {e.strerror}") from e
+    finally:
+        os.close(dfd)
+    if stat.S_ISLNK(st.st_mode):
+        raise symlink_error("file://" + base, "/".join(parts))
+    return st
+
+
+def _unmap(span: list[Any]) -> None:
+    mm, base, _, views = span
+    try:
+        for v in views:
+            v.release()
+        base.release()
+    except BufferError:
+        pass
+    try:
+        mm.close()
+    except BufferError:
+        pass  # a view is still alive elsewhere; the mapping goes when it does
 
 
 def _isdir(st: os.stat_result) -> bool:

@@ -17,8 +17,10 @@ Arrays larger than 1 GiB were split into ``{"__msgpack_chunked_array__": true, "
 {"0": d0, ...}, "chunks": {"0": flat_part, ...}}``.
 
 Nothing here executes code from the file: no pickle, no object hooks.  Every length is
-checked against the bytes actually present before anything is allocated, and nesting depth
-is limited, so a hostile file raises :class:`CorruptionError` instead of exhausting memory.
+checked against the bytes actually present before anything is allocated, extension payloads
+are decoded from memoryview slices of the one input buffer (never copied per level), and
+nesting depth -- containers and extensions together -- is limited to :data:`MAX_DEPTH`, so a
+hostile file raises :class:`CorruptionError` instead of exhausting memory or the stack.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ __all__ = ["unpack", "Placeholder", "PLACEHOLDER_PREFIXES", "MAX_DEPTH", "ExtVal
 #: Leaf strings that stand for data stored outside the msgpack file.
 PLACEHOLDER_PREFIXES = ("PLACEHOLDER://", "AGGREGATED://")
 
-MAX_DEPTH = 256
+#: Deepest nesting accepted (maps, arrays and extension payloads each count one level; real
+#: Flax checkpoints nest a few tens at most).
+MAX_DEPTH = 100
 _CHUNKED = "__msgpack_chunked_array__"
 
 
@@ -48,16 +52,16 @@ class Placeholder(str):
 class ExtValue:
     """An extension value with an unknown type code (kept opaque)."""
 
-    def __init__(self, code: int, data: bytes):
+    def __init__(self, code: int, data: bytes | memoryview):
         self.code = code
-        self.data = data
+        self.data = bytes(data)
 
     def __repr__(self) -> str:
         return f"ExtValue({self.code}, {len(self.data)} bytes)"
 
 
 def _dtype(name: Any) -> np.dtype:
-    if isinstance(name, (bytes, bytearray)):
+    if isinstance(name, (bytes, bytearray, memoryview)):
         try:
             name = bytes(name).decode("ascii")
         except UnicodeDecodeError as e:
@@ -74,8 +78,8 @@ def _dtype(name: Any) -> np.dtype:
     return dt
 
 
-def _ndarray(payload: bytes, depth: int) -> np.ndarray:
-    doc = _Decoder(payload, depth=depth).document()
+def _ndarray(payload: memoryview, depth: int) -> np.ndarray:
+    doc = _Decoder(payload, depth=depth, raw_bins=True).document()
     if not isinstance(doc, (list, tuple)) or len(doc) != 3:
         raise CorruptionError("msgpack ndarray payload is not [shape, dtype, bytes]")
     shape, name, buf = doc
@@ -83,7 +87,7 @@ def _ndarray(payload: bytes, depth: int) -> np.ndarray:
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
         raise CorruptionError(f"msgpack ndarray has a bad shape {shape!r}")
-    if not isinstance(buf, (bytes, bytearray)):
+    if not isinstance(buf, (bytes, bytearray, memoryview)):
         raise CorruptionError("msgpack ndarray data is not binary")
     dt = _dtype(name)
     count = math.prod(shape)
@@ -92,14 +96,16 @@ def _ndarray(payload: bytes, depth: int) -> np.ndarray:
             f"msgpack ndarray of shape {tuple(shape)} and dtype {dt} needs {count * dt.itemsize} "
             f"bytes, found {len(buf)}"
         )
-    return np.frombuffer(bytes(buf), dtype=dt).reshape(tuple(shape)).copy()
+    return np.frombuffer(buf, dtype=dt).reshape(tuple(shape)).copy()  # the one copy of the data
 
 
 class _Decoder:
-    def __init__(self, data: bytes, *, depth: int = 0):
+    def __init__(self, data: bytes | memoryview, *, depth: int = 0, raw_bins: bool = False):
         self.data = memoryview(data)
         self.pos = 0
         self.base_depth = depth
+        #: binary values come back as memoryview slices (an ndarray payload: copied once, later)
+        self.raw_bins = raw_bins
 
     def _take(self, n: int) -> memoryview:
         end = self.pos + n
@@ -148,11 +154,12 @@ class _Decoder:
             return True
         if b in (0xC4, 0xC5, 0xC6):
             n = self._uint(1 << (b - 0xC4))
-            return bytes(self._take(n))
+            raw = self._take(n)
+            return raw if self.raw_bins else bytes(raw)
         if b in (0xC7, 0xC8, 0xC9):
             n = self._uint(1 << (b - 0xC7))
             code = struct.unpack(">b", self._take(1))[0]
-            return self._ext(code, bytes(self._take(n)), depth)
+            return self._ext(code, self._take(n), depth)
         if b == 0xCA:
             return struct.unpack(">f", self._take(4))[0]
         if b == 0xCB:
@@ -165,7 +172,7 @@ class _Decoder:
         if 0xD4 <= b <= 0xD8:
             n = 1 << (b - 0xD4)
             code = struct.unpack(">b", self._take(1))[0]
-            return self._ext(code, bytes(self._take(n)), depth)
+            return self._ext(code, self._take(n), depth)
         if 0xD9 <= b <= 0xDB:
             return self._str(self._uint(1 << (b - 0xD9)))
         if b in (0xDC, 0xDD):
@@ -194,8 +201,8 @@ class _Decoder:
         out: dict[Any, Any] = {}
         for _ in range(n):
             k = self.value(depth + 1)
-            if isinstance(k, bytes):
-                k = k.decode("utf-8", "replace")
+            if isinstance(k, (bytes, memoryview)):
+                k = bytes(k).decode("utf-8", "replace")
             if not isinstance(k, (str, int)) or isinstance(k, bool):
                 raise CorruptionError(f"msgpack map key of type {type(k).__name__} is not supported")
             if isinstance(k, Placeholder):
@@ -205,7 +212,7 @@ class _Decoder:
             return _unchunk(out)  # type: ignore[return-value]
         return out
 
-    def _ext(self, code: int, data: bytes, depth: int) -> Any:
+    def _ext(self, code: int, data: memoryview, depth: int) -> Any:
         if code in (1, 3):
             arr = _ndarray(data, depth + 1)
             return arr if code == 1 else arr[()]
@@ -257,4 +264,7 @@ def unpack(data: bytes) -> Any:
     numpy arrays and scalars, complex numbers and tuples are rebuilt from their extension
     types; anything malformed raises :class:`CorruptionError`.
     """
-    return _Decoder(data).document()
+    try:
+        return _Decoder(data).document()
+    except RecursionError as e:  # a deep stack at the call site; MAX_DEPTH normally stops first
+        raise CorruptionError(f"msgpack nesting too deep for the stack (limit {MAX_DEPTH})") from e

@@ -42,6 +42,7 @@ from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request, slice_range
 from ocdbt_py.kvstore.prefixed import PrefixStore
 from ocdbt_py.pools import dedicated
+from zarr3._alloc import empty
 from zarr3._executor import num_threads, run_jobs, run_pipeline
 from zarr3.array import Array
 from zarr3.errors import ChunkNotFoundError, MetadataError
@@ -217,11 +218,13 @@ class ArrayReader:
             src: LocalSource | None = None
             root = local_root(self.store.item_kv) if self.store.item_kv is not None else None
             if root is not None:
+                anchor = self.store.item_kv.no_follow_root()  # type: ignore[union-attr]
                 if self.store.databases:
                     src = LocalSource.for_ocdbt([(os.path.join(root, *p.split("/")) if p else root, db)
-                                                 for p, db in zip(self.store.db_prefixes, self.store.databases)])
+                                                 for p, db in zip(self.store.db_prefixes, self.store.databases)],
+                                                anchor)
                 else:
-                    src = LocalSource.for_dirs(root)
+                    src = LocalSource.for_dirs(root, anchor)
             self._local = src
         return self._local if isinstance(self._local, LocalSource) else None
 
@@ -390,7 +393,8 @@ class ArrayReader:
                        done: Callable[[int], None] | None = None) -> Iterator[tuple[str, np.ndarray]]:
         """Decode arrays of exactly one chunk straight into their outputs, on the worker pool."""
         with small_pages():
-            outs: list[np.ndarray] = [np.empty(m.shape, dtype=m.data_type.dtype) for _, m in batch]
+            outs: list[np.ndarray] = [empty(m.shape, m.data_type.dtype, f"restoring array {p!r}")
+                                      for p, m in batch]
         for (p, _), key, raw in zip(batch, keys, datas):
             if raw is None and not self.fill_missing:
                 raise CorruptionError(
@@ -467,7 +471,7 @@ class ArrayReader:
             shape = tuple(m.shape)
             cs = tuple(m.chunk_shape)
             if r0 is None and r1 is None and shape == cs:  # the common case: one chunk, no edge
-                out = np.empty(shape, dtype=m.data_type.dtype)
+                out = empty(shape, m.data_type.dtype, f"restoring array {p!r}")
                 results.append((req, out))
                 biggest = max(biggest, out.nbytes)
                 ck = whole_key.get(id(m))
@@ -480,7 +484,7 @@ class ArrayReader:
             if shape and (lo % cs[0] or (hi % cs[0] and hi != shape[0]) or lo > hi):
                 raise ValueError(f"rows [{lo}, {hi}) of {p!r} do not fall on chunk boundaries of {cs[0]}")
             out_shape = ((hi - lo,) + shape[1:]) if shape else ()
-            out = np.empty(out_shape, dtype=m.data_type.dtype)
+            out = empty(out_shape, m.data_type.dtype, f"restoring array {p!r}")
             results.append((req, out))
             biggest = max(biggest, math.prod(cs) * out.dtype.itemsize)
             grid = [range(-(-s // c)) if c else range(0) for s, c in zip(shape, cs)]

@@ -50,7 +50,7 @@ from ocdbt_py.checkpoint.saving.process_writer import ChunkJob, ProcessWriter, d
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
 
-__all__ = ["save", "JsonItem", "SaveHandle"]
+__all__ = ["save", "JsonItem", "SaveHandle", "SaveOptions", "ItemPlan", "make_options", "plan_item", "commit_items"]
 
 SaveHandle = async_save.SaveHandle
 _RESERVED_ITEM_NAMES = frozenset({"descriptor"})
@@ -76,7 +76,7 @@ class JsonItem:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Options:
+class SaveOptions:
     use_zarr3: bool
     use_ocdbt: bool
     use_compression: bool
@@ -87,10 +87,11 @@ class _Options:
     copy: bool
     workers: int
     sync: bool
+    checksum: bool = False
 
 
 @dataclasses.dataclass
-class _ItemPlan:
+class ItemPlan:
     """One pytree item: what this process writes and what the primary records."""
 
     name: str | None
@@ -108,7 +109,7 @@ class _ItemPlan:
 
 
 def _spec(name: str, shape: tuple[int, ...], dtype: np.dtype[Any], write_shape: tuple[int, ...],
-          opts: _Options, item: str | None = None) -> ArraySpec:
+          opts: SaveOptions, item: str | None = None) -> ArraySpec:
     key = name if item is None else f"{item}/{name}"
     per_leaf = opts.leaf_chunk_byte_sizes.get(key, opts.chunk_byte_size)
     # Orbax caps chunks by the target data file size only for OCDBT
@@ -116,7 +117,7 @@ def _spec(name: str, shape: tuple[int, ...], dtype: np.dtype[Any], write_shape: 
     limit = chunk_byte_limit(write_shape, dtype.itemsize, per_leaf, target)
     chunk = choose_chunk_shape(shape, write_shape, dtype.itemsize, limit)
     return ArraySpec(name, shape, dtype, tuple(write_shape), chunk,
-                     3 if opts.use_zarr3 else 2, opts.use_compression)
+                     3 if opts.use_zarr3 else 2, opts.use_compression, checksum=opts.checksum)
 
 
 def _host_array(value: Any, where: str) -> np.ndarray:
@@ -130,9 +131,9 @@ def _copy_shared(plans: Mapping[str, Any], workers: int, reuse: bool) -> np.ndar
     """Replace every job's data that is the caller's memory by a private copy (async saves);
     returns the buffer holding the copies."""
 
-    where: list[tuple[_ItemPlan, int]] = []
+    where: list[tuple[ItemPlan, int]] = []
     for plan in plans.values():
-        if isinstance(plan, _ItemPlan):
+        if isinstance(plan, ItemPlan):
             where.extend((plan, i) for i, shared in enumerate(plan.shared) if shared)
     if not where:
         return None
@@ -154,11 +155,15 @@ def _scalar_array(value: Any, where: str) -> np.ndarray:
     return arr
 
 
-def _plan_item(name: str | None, tree: Any, coord: Coordinator, opts: _Options, handler: str | None,
-               custom_metadata: Any) -> _ItemPlan:
+def plan_item(name: str | None, tree: Any, coord: Coordinator, opts: SaveOptions, handler: str | None,
+              custom_metadata: Any) -> ItemPlan:
+    """Step 1 of :func:`save` for one item: its leaves, array specs, chunk jobs and metadata.
+
+    :func:`make_options`, :func:`plan_item` and :func:`commit_items` are the steps of a save
+    for writers that supply the array data themselves, chunk by chunk (a streamed import)."""
     leaves = flatten(tree)
     primary = coord.is_primary
-    plan = _ItemPlan(name, leaves, "", [], [], [], [], {}, {}, {}, [], custom_metadata)
+    plan = ItemPlan(name, leaves, "", [], [], [], [], {}, {}, {}, [], custom_metadata)
     only_arrays = True
     for leaf in leaves:
         vt = leaf.value_type
@@ -201,7 +206,7 @@ def _plan_item(name: str | None, tree: Any, coord: Coordinator, opts: _Options, 
     return plan
 
 
-def _write_process_part(item_kv: KvStore, plan: _ItemPlan, coord: Coordinator, opts: _Options
+def _write_process_part(item_kv: KvStore, plan: ItemPlan, coord: Coordinator, opts: SaveOptions
                         ) -> dict[bytes, Any] | None:
     """Step 3 for one item: this process's database (or files, per-parameter layout) and its
     array metadata file."""
@@ -227,7 +232,7 @@ def _write_process_part(item_kv: KvStore, plan: _ItemPlan, coord: Coordinator, o
     return writer.entries if writer.entries else None
 
 
-def _finalize_item(item_kv: KvStore, plan: _ItemPlan, coord: Coordinator, opts: _Options,
+def _finalize_item(item_kv: KvStore, plan: ItemPlan, coord: Coordinator, opts: SaveOptions,
                    own: dict[bytes, Any] | None) -> None:
     """Step 4 for one item (primary): merged root, metadata files."""
     entries: dict[bytes, Any] = {}
@@ -269,6 +274,7 @@ def save(
     use_zarr3: bool = False,
     use_ocdbt: bool = True,
     use_compression: bool = True,
+    checksum: bool = False,
     chunk_byte_size: int | None = None,
     leaf_chunk_byte_sizes: Mapping[str, int] | None = None,
     ocdbt_target_data_file_size: int | None = None,
@@ -308,6 +314,11 @@ def save(
     * ``use_ocdbt=False``: the per-parameter layout (``PyTreeCheckpointHandler(use_ocdbt=False)``):
       each array's Zarr metadata and chunks are files in ``<item>/<param>/``; chunks are not
       capped by ``ocdbt_target_data_file_size`` (there are no data files).
+    * ``checksum``: make stored chunks self-checking, so a flipped byte is an error on restore
+      (and in ``ocdbt verify --data``) instead of silently different values: Zarr v2 zstd
+      frames carry their content checksum; with ``use_zarr3`` each chunk ends in the Zarr v3
+      ``crc32c`` codec (TensorStore and Orbax read both).  Zarr v2 without compression has
+      nowhere to put a checksum: ``ValueError``.
     * ``custom_metadata``: JSON stored in ``_CHECKPOINT_METADATA``;
       ``pytree_custom_metadata``: JSON stored in ``_METADATA`` (``PyTreeSave(custom_metadata=)``).
     * ``handler``: ``"standard"`` or ``"pytree"`` (handler name recorded for the item; default:
@@ -332,8 +343,9 @@ def save(
     coord = _coordinator if _coordinator is not None else coordinator(timeout_s=barrier_timeout)
     if copy is None:
         copy = not blocking
-    opts = _make_options(path, use_zarr3, use_compression, chunk_byte_size, leaf_chunk_byte_sizes,
-                         ocdbt_target_data_file_size, replica_parallel, copy, workers, sync, use_ocdbt=use_ocdbt)
+    opts = make_options(path, use_zarr3, use_compression, chunk_byte_size, leaf_chunk_byte_sizes,
+                         ocdbt_target_data_file_size, replica_parallel, copy, workers, sync, use_ocdbt=use_ocdbt,
+                        checksum=checksum)
     for h in handler.values() if isinstance(handler, Mapping) else [handler]:
         if h is not None and h not in _HANDLERS:
             raise ValueError(f"handler must be 'standard' or 'pytree', not {h!r}")
@@ -352,11 +364,11 @@ def save(
     return async_save.start(dest.display, work, blocking=blocking, started=started)
 
 
-def _make_options(path: Any, use_zarr3: bool, use_compression: bool, chunk_byte_size: int | None,
+def make_options(path: Any, use_zarr3: bool, use_compression: bool, chunk_byte_size: int | None,
                   leaf_chunk_byte_sizes: Mapping[str, int] | None, ocdbt_target_data_file_size: int | None,
                   replica_parallel: bool | None, copy: bool, workers: int | None, sync: bool, *,
-                  use_ocdbt: bool = True) -> _Options:
-    """The checked options of one save, with Orbax's defaults filled in."""
+                  use_ocdbt: bool = True, checksum: bool = False) -> SaveOptions:
+    """The checked options of one save, with Orbax's defaults filled in (see :func:`plan_item`)."""
     if ocdbt_target_data_file_size is not None and ocdbt_target_data_file_size < 0:
         raise ValueError("ocdbt_target_data_file_size must be >= 0")
     if chunk_byte_size is not None and chunk_byte_size <= 0:
@@ -371,13 +383,17 @@ def _make_options(path: Any, use_zarr3: bool, use_compression: bool, chunk_byte_
     if target is None:  # Orbax's defaults: 400 MiB on GCS, 2 GiB elsewhere
         gcs = isinstance(path, str) and path.startswith(("gs://", "gcs://"))
         target = GCS_TARGET_DATA_FILE_SIZE if gcs else DEFAULT_TARGET_DATA_FILE_SIZE
-    return _Options(use_zarr3, bool(use_ocdbt), use_compression, chunk_byte_size, leaf_sizes, target,
-                    bool(replica_parallel), bool(copy), workers or default_workers(), sync)
+    if checksum and not use_zarr3 and not use_compression:
+        raise ValueError("checksum=True needs use_compression=True or use_zarr3=True (uncompressed "
+                         "Zarr v2 chunks have nowhere to keep a checksum)")
+    return SaveOptions(use_zarr3, bool(use_ocdbt), use_compression, chunk_byte_size, leaf_sizes, target,
+                    bool(replica_parallel), bool(copy), workers or default_workers(), sync,
+                       bool(checksum))
 
 
-def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: _Options,
+def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: SaveOptions,
                 handler: str | Mapping[str, str] | None,
-                pytree_custom_metadata: Any) -> dict[str, _ItemPlan | JsonItem]:
+                pytree_custom_metadata: Any) -> dict[str, ItemPlan | JsonItem]:
     """What to write for each item (``""`` for a single item), checked before anything is."""
     if composite:
         if not isinstance(tree, Mapping) or not tree:
@@ -388,18 +404,18 @@ def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: _Options,
         if isinstance(tree, JsonItem):
             raise TypeError("a JsonItem is saved as one item of a composite save (composite=True)")
         items = {"": tree}
-    plans: dict[str, _ItemPlan | JsonItem] = {}
+    plans: dict[str, ItemPlan | JsonItem] = {}
     for name, value in items.items():
         if isinstance(value, JsonItem):
             layout_writer.json_item(value.value)  # fail early if not serializable
             plans[name] = value
         else:
             item_handler = handler.get(name) if isinstance(handler, Mapping) else handler
-            plans[name] = _plan_item(name or None, value, coord, opts, item_handler, pytree_custom_metadata)
+            plans[name] = plan_item(name or None, value, coord, opts, item_handler, pytree_custom_metadata)
     return plans
 
 
-def _run(dest: Destination, plans: Mapping[str, _ItemPlan | JsonItem], coord: Coordinator, opts: _Options,
+def _run(dest: Destination, plans: Mapping[str, ItemPlan | JsonItem], coord: Coordinator, opts: SaveOptions,
          composite: bool, force: bool, custom_metadata: Mapping[str, Any] | None, init_ns: int) -> None:
     err: BaseException | None = None
     if coord.is_primary:
@@ -412,7 +428,7 @@ def _run(dest: Destination, plans: Mapping[str, _ItemPlan | JsonItem], coord: Co
     own: dict[str, dict[bytes, Any] | None] = {}
     try:
         for name, plan in plans.items():
-            if isinstance(plan, _ItemPlan):
+            if isinstance(plan, ItemPlan):
                 item_kv = PrefixStore(root, name) if name else root
                 own[name] = _write_process_part(item_kv, plan, coord, opts)
         if opts.sync:
@@ -422,14 +438,14 @@ def _run(dest: Destination, plans: Mapping[str, _ItemPlan | JsonItem], coord: Co
     coord.sync("written", err)
     if coord.is_primary:
         try:
-            _commit(dest, root, plans, coord, opts, composite, custom_metadata, init_ns, own)
+            commit_items(dest, root, plans, coord, opts, composite, custom_metadata, init_ns, own)
         except BaseException as e:  # noqa: BLE001
             err = e
     coord.sync("committed", err)
 
 
-def _commit(dest: Destination, root: KvStore, plans: Mapping[str, _ItemPlan | JsonItem], coord: Coordinator,
-            opts: _Options, composite: bool, custom_metadata: Mapping[str, Any] | None, init_ns: int,
+def commit_items(dest: Destination, root: KvStore, plans: Mapping[str, ItemPlan | JsonItem], coord: Coordinator,
+            opts: SaveOptions, composite: bool, custom_metadata: Mapping[str, Any] | None, init_ns: int,
             own: Mapping[str, dict[bytes, Any] | None]) -> None:
     """Step 4 (primary): merged roots, metadata documents, commit markers, then the commit."""
     handlers: dict[str, str] = {}

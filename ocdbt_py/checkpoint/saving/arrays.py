@@ -7,6 +7,10 @@
   whose inner chunk equals the chunk grid (bytes + zstd level 3, index bytes + crc32c at the
   end), and chunks ``<param>/c/i/j`` (``<param>/c``): the inner chunk's encoding followed by
   the 16-byte index ``(offset 0, length)`` and its CRC-32C.
+* With ``checksum``: v2 zstd frames carry their content checksum (the metadata is unchanged:
+  the frame says so itself); v3 inner chunks end in the ``crc32c`` codec (the CRC-32C of the
+  compressed bytes: ~20x cheaper than zstd's checksum of the uncompressed ones, and it also
+  covers uncompressed chunks).
 
 Metadata bytes come from :mod:`zarr3` and equal TensorStore's output byte for byte.  Chunks
 are encoded straight from the caller's buffer (no copy for a contiguous whole chunk) and large
@@ -24,12 +28,13 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
+import crc32c as _crc32c_mod
 import numpy as np
 import zstandard
 
 from ocdbt_py.format.envelope import crc32c
 from ocdbt_py.write.bulk import StoredValue
-from zarr3.codecs import BytesCodec, ShardingCodec, ZstdCodec, compressor_from_v2
+from zarr3.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec, compressor_from_v2
 from zarr3.dtypes import data_type_from_numpy, v2_dtype_string
 from zarr3.fill_value import default_fill_value
 from zarr3.metadata_v2 import ArrayMetadataV2
@@ -72,6 +77,7 @@ def storage_dtype(dtype: Any) -> np.dtype[Any]:
 def zarr_metadata(
     shape: tuple[int, ...], dtype: np.dtype[Any], chunk_shape: tuple[int, ...], zarr_format: int, compression: bool,
     level: int | None = None,
+    checksum: bool = False,
 ) -> bytes:
     """``.zarray`` / ``zarr.json`` bytes as TensorStore writes them for Orbax (``level``: a zstd
     level other than Orbax's 1 (v2) / 3 (v3))."""
@@ -89,6 +95,8 @@ def zarr_metadata(
         inner: list[Any] = [BytesCodec()]
         if compression:
             inner.append(ZstdCodec(level=3 if level is None else level, checksum=False))
+        if checksum:
+            inner.append(Crc32cCodec())
         meta = ArrayMetadataV3(
             shape=shape, data_type=dt, chunk_shape=chunk_shape, fill_value=default_fill_value(dt),
             codecs=[ShardingCodec(chunk_shape, inner, None, "end")],
@@ -108,6 +116,7 @@ class ArraySpec:
     zarr_format: int = 2
     compression: bool = True
     level: int | None = None  #: zstd level (``None``: Orbax's, 1 for Zarr v2 and 3 for v3)
+    checksum: bool = False
 
     @property
     def metadata_key(self) -> str:
@@ -117,7 +126,7 @@ class ArraySpec:
     def metadata_bytes(self) -> bytes:
         """The Zarr metadata document."""
         return zarr_metadata(self.shape, self.dtype, self.chunk_shape, self.zarr_format, self.compression,
-                             self.level)
+                             self.level, self.checksum)
 
     def chunk_key(self, coords: Sequence[int]) -> str:
         """OCDBT key of the chunk at grid position ``coords``."""
@@ -177,15 +186,15 @@ class Compressors:
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def get(self, level: int) -> Any:
-        """This thread's compressor for ``level``."""
+    def get(self, level: int, checksum: bool = False) -> Any:
+        """This thread's compressor for ``level`` (writing frame checksums or not)."""
 
         cache = getattr(self._local, "c", None)
         if cache is None:
             cache = self._local.c = {}
-        c = cache.get(level)
+        c = cache.get((level, checksum))
         if c is None:
-            c = cache[level] = zstandard.ZstdCompressor(level=level, write_checksum=False)
+            c = cache[(level, checksum)] = zstandard.ZstdCompressor(level=level, write_checksum=checksum)
         return c
 
 
@@ -203,14 +212,18 @@ class ChunkSink(Protocol):
 class _Counting:
     """Passes writes to a :class:`ChunkSink`, counting bytes (zstd's ``stream_writer`` target)."""
 
-    __slots__ = ("sink", "n")
+    __slots__ = ("sink", "n", "crc")
 
-    def __init__(self, sink: ChunkSink):
+    def __init__(self, sink: ChunkSink, crc: bool = False):
         self.sink = sink
         self.n = 0
+        #: running CRC-32C of what was written (``None``: not computed)
+        self.crc: int | None = 0 if crc else None
 
     def write(self, data: bytes) -> int:
         self.n += len(data)
+        if self.crc is not None:
+            self.crc = _crc32c_update(data, self.crc)
         return self.sink.write(data)
 
     def flush(self) -> None:
@@ -221,18 +234,29 @@ def encode_chunk(spec: ArraySpec, view: np.ndarray, sink: ChunkSink, compressors
     """Encode one chunk into ``sink``; returns what the leaf entry stores."""
     raw = _chunk_bytes(spec, view)
     level = spec.zstd_level
+    trailer = spec.checksum and spec.zarr_format == 3  # the crc32c codec after zstd
+    crc = 0
     if level is None:
         sink.write(raw)
         inner = raw.nbytes
+        if trailer:
+            crc = _crc32c_update(raw, 0)
     elif raw.nbytes <= ONE_SHOT_BYTES:
-        comp = compressors.get(level).compress(raw)
+        comp = compressors.get(level, spec.checksum and not trailer).compress(raw)
         sink.write(comp)
         inner = len(comp)
+        if trailer:
+            crc = _crc32c_update(comp, 0)
     else:
-        counter = _Counting(sink)
-        with compressors.get(level).stream_writer(counter, size=raw.nbytes, closefd=False) as w:
+        counter = _Counting(sink, trailer)
+        frame_checksum = spec.checksum and not trailer
+        with compressors.get(level, frame_checksum).stream_writer(counter, size=raw.nbytes, closefd=False) as w:
             w.write(raw)
         inner = counter.n
+        crc = counter.crc or 0
+    if trailer:
+        sink.write(crc.to_bytes(4, "little"))
+        inner += 4
     if spec.zarr_format == 3:
         index = _INDEX.pack(0, inner)
         sink.write(index + crc32c(index).to_bytes(4, "little"))
@@ -243,11 +267,18 @@ def encode_small(spec: ArraySpec, view: np.ndarray, compressors: Compressors) ->
     """The stored value of a small chunk (at most :data:`ONE_SHOT_BYTES`), encoded in memory."""
     raw = _chunk_bytes(spec, view)
     level = spec.zstd_level
-    inner = raw.tobytes() if level is None else compressors.get(level).compress(raw)
+    v3_crc = spec.checksum and spec.zarr_format == 3
+    inner = raw.tobytes() if level is None else compressors.get(level, spec.checksum and not v3_crc).compress(raw)
+    if v3_crc:
+        inner += crc32c(inner).to_bytes(4, "little")
     if spec.zarr_format == 3:
         index = _INDEX.pack(0, len(inner))
         return b"".join((inner, index, crc32c(index).to_bytes(4, "little")))
     return inner
+
+
+def _crc32c_update(data: Any, crc: int) -> int:
+    return int(_crc32c_mod.crc32c(data, crc))
 
 
 def nbytes_of(shape: Sequence[int], dtype: np.dtype[Any]) -> int:

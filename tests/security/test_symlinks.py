@@ -1,0 +1,157 @@
+"""Hole 1: symbolic links below a store's root are never followed, for reads or writes.
+
+A checkpoint or database made by someone else may hold links to files or directories
+outside it.  Reads must not return (or quote in an error) the target's bytes; writes (the
+commit's lock file, data files under ``d/``) must not land outside the root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ocdbt_py
+from ocdbt_py import checkpoint
+from ocdbt_py.errors import OcdbtError, StorageError
+from ocdbt_py.kvstore import LocalStore
+
+SECRET = b"TOP-SECRET-TOKEN-0123456789"
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    d = tmp_path / "outside"
+    d.mkdir()
+    (d / "victim").write_bytes(SECRET)
+    return d
+
+
+def dirs_checkpoint(path: Path) -> Path:
+    """A per-parameter-directory item (Zarr v2 files, no OCDBT) with one array ``w``."""
+    path.mkdir()
+    (path / "_METADATA").write_text(json.dumps({"tree_metadata": {"('w',)": {
+        "key_metadata": [{"key": "w", "key_type": 2}],
+        "value_metadata": {"value_type": "np.ndarray", "skip_deserialize": False}}}, "use_ocdbt": False}))
+    (path / "w").mkdir()
+    (path / "w" / ".zarray").write_text(json.dumps({
+        "zarr_format": 2, "shape": [6], "chunks": [6], "dtype": "<f4", "compressor": None,
+        "fill_value": 0, "order": "C", "filters": None}))
+    (path / "w" / "0").write_bytes(np.arange(6, dtype="<f4").tobytes())
+    return path
+
+
+def _assert_no_leak(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    text = str(excinfo.value) + repr(excinfo.value.__cause__) + repr(excinfo.value.__context__)
+    assert SECRET.decode() not in text
+    assert isinstance(excinfo.value, OcdbtError), type(excinfo.value)
+
+
+def test_dirs_checkpoint_restores(tmp_path: Path) -> None:
+    got = checkpoint.restore(dirs_checkpoint(tmp_path / "ck"))
+    np.testing.assert_array_equal(got["w"], np.arange(6, dtype=np.float32))
+
+
+@pytest.mark.parametrize("name", ["w/.zarray", "_METADATA", "w/0", "w"])
+def test_symlinked_checkpoint_file_is_not_read(tmp_path: Path, outside: Path, name: str) -> None:
+    """A link in place of the metadata, a chunk or a parameter directory: our error, and the
+    target's bytes appear nowhere in it."""
+    ck = dirs_checkpoint(tmp_path / "ck")
+    target = ck / name
+    if target.is_dir():
+        (outside / "w").mkdir()
+        for f in target.iterdir():
+            (outside / "w" / f.name).write_bytes(SECRET + f.read_bytes())
+        for f in target.iterdir():
+            f.unlink()
+        target.rmdir()
+        target.symlink_to(outside / "w", target_is_directory=True)
+    else:
+        (outside / "victim").write_bytes(SECRET + b" " + target.read_bytes())
+        target.unlink()
+        target.symlink_to(outside / "victim")
+    with pytest.raises(OcdbtError) as ei:
+        checkpoint.restore(ck)
+    _assert_no_leak(ei)
+
+
+def test_store_reads_refuse_links(tmp_path: Path, outside: Path) -> None:
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    (root / "file").symlink_to(outside / "victim")
+    (root / "dirlink").symlink_to(outside, target_is_directory=True)
+    (root / "sub" / "ok").write_bytes(b"fine")
+    kv = LocalStore(root)
+    assert kv.get("sub/ok") == b"fine"
+    for key in ("file", "dirlink/victim"):
+        for op in (kv.get, kv.size, kv.get_with_generation):
+            with pytest.raises(StorageError, match="symbolic link") as ei:
+                op(key)
+            _assert_no_leak(ei)
+    assert list(kv.list()) == ["file", "sub/ok"]  # a directory link is not descended into
+    with pytest.raises(StorageError, match="symbolic link"):
+        list(kv.list("dirlink/"))
+    # a link to a directory is not a directory of the store
+    assert "dirlink" not in kv.list_dir("")[0]
+
+
+def test_lock_file_link_does_not_overwrite_victim(tmp_path: Path, outside: Path) -> None:
+    db = tmp_path / "db"
+    with ocdbt_py.open(db, mode="a") as s:
+        s[b"a"] = b"1"
+    (db / "manifest.ocdbt.__lock").symlink_to(outside / "victim")
+    with pytest.raises(OcdbtError), ocdbt_py.open(db, mode="a") as s:
+        s[b"b"] = b"2"
+    assert (outside / "victim").read_bytes() == SECRET
+    assert os.path.islink(db / "manifest.ocdbt.__lock")
+    # the database is intact and still readable
+    assert ocdbt_py.open(db)[b"a"] == b"1"
+
+
+def test_lock_file_hard_link_is_refused(tmp_path: Path, outside: Path) -> None:
+    db = tmp_path / "db"
+    with ocdbt_py.open(db, mode="a") as s:
+        s[b"a"] = b"1"
+    os.link(outside / "victim", db / "manifest.ocdbt.__lock")
+    with pytest.raises(OcdbtError, match="hard link"), ocdbt_py.open(db, mode="a") as s:
+        s[b"b"] = b"2"
+    assert (outside / "victim").read_bytes() == SECRET
+
+
+def test_symlinked_data_dir_gets_no_writes(tmp_path: Path, outside: Path) -> None:
+    db = tmp_path / "db"
+    with ocdbt_py.open(db, mode="a", config={"max_inline_value_bytes": 0}) as s:
+        s[b"a"] = b"x" * 100
+    data = db / "d"
+    moved = tmp_path / "real_d"
+    data.rename(moved)
+    empty = outside / "d"
+    empty.mkdir()
+    data.symlink_to(empty, target_is_directory=True)
+    before = sorted(os.listdir(empty))
+    with pytest.raises(OcdbtError), ocdbt_py.open(db, mode="a") as s:
+        s[b"b"] = b"y" * 100
+    assert sorted(os.listdir(empty)) == before == []
+    # nor are values read through the link
+    (empty / next(iter(os.listdir(moved)))).write_bytes((moved / os.listdir(moved)[0]).read_bytes())
+    with pytest.raises(OcdbtError):
+        ocdbt_py.open(db)[b"a"]
+
+
+def test_zarr3_local_fetch_refuses_links(tmp_path: Path, outside: Path) -> None:
+    """zarr3's fast local fetcher (used for plain directories) opens chunks with no link
+    followed, like LocalStore."""
+    import zarr3
+
+    a = zarr3.create(LocalStore(tmp_path / "z"), "a", shape=(4,), dtype="float32", chunks=(4,))
+    a[...] = np.arange(4, dtype=np.float32)
+    chunk = next(p for p in (tmp_path / "z" / "a").rglob("*") if p.is_file() and p.name != "zarr.json")
+    # a valid chunk outside the root: following the link would read it without any error
+    (outside / "victim").write_bytes(np.full(4, 7, dtype="<f4").tobytes())
+    chunk.unlink()
+    chunk.symlink_to(outside / "victim")
+    with pytest.raises(StorageError, match="symbolic link"):
+        zarr3.open(LocalStore(tmp_path / "z"), "a")[...]
