@@ -179,7 +179,7 @@ def iterate_columns(reader: NodeReader, root: Root, lo: bytes = b"", hi: bytes |
     if ref is None:
         return
     top = reader.btree_node(ref, height)
-    for leaf, prefix, rng in _walk(reader, top, b"", lo, hi, None):
+    for leaf, prefix, rng in _walk(reader, top, b"", lo, hi, None, {(ref.file, ref.offset)}):
         keys = leaf.keys
         run = list(keys[rng.start : rng.stop]) if isinstance(keys, list) else list(islice(keys, rng.start, rng.stop))
         if prefix:
