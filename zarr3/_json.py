@@ -12,6 +12,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 __all__ = ["dumps", "format_float", "loads"]
 
 _str = json.JSONEncoder(ensure_ascii=False).encode
@@ -127,6 +129,27 @@ def check_depth(obj: Any, limit: int = MAX_DEPTH) -> None:
         stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
 
 
+#: Texts from this size on have their depth measured on the text (see :func:`text_depth`).
+TEXT_DEPTH_MIN = 1 << 20
+#: Every byte but the quote and the four brackets.
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')
+
+
+def text_depth(text: str, min_size: int = TEXT_DEPTH_MIN) -> int | None:
+    """The nesting depth of the arrays/objects of a *valid* JSON text, measured on its
+    characters at C speed (brackets outside strings), or ``None`` when the text is shorter than
+    ``min_size`` or holds a backslash (then a quote might be escaped; walk the parsed value)."""
+    if len(text) < min_size or "\\" in text:
+        return None
+    kept = text.encode("utf-8").translate(None, _NOT_STRUCTURE)
+    b = np.frombuffer(kept, np.uint8)
+    quote = b == 0x22
+    outside = ~quote & ((np.cumsum(quote, dtype=np.uint8) & 1) == 0)  # even number of quotes before
+    opens = (b == 0x5B) | (b == 0x7B)
+    steps = np.where(opens, 1, -1).astype(np.int32)[outside]
+    return int(np.cumsum(steps).max()) if steps.size else 0
+
+
 def parse(text: str, *, allow_nan: bool = False, max_depth: int = MAX_DEPTH) -> Any:
     """``json.loads`` with bounded nesting and integer literals; ``ValueError`` on bad input
     (a document too deep for the parser's stack included)."""
@@ -136,7 +159,11 @@ def parse(text: str, *, allow_nan: bool = False, max_depth: int = MAX_DEPTH) -> 
     except RecursionError as e:
         raise ValueError("JSON nested too deeply") from e
     if isinstance(obj, (dict, list)):
-        check_depth(obj, max_depth)
+        depth = text_depth(text)  # large documents (a 100k-leaf _METADATA): no walk of every value
+        if depth is None:
+            check_depth(obj, max_depth)
+        elif depth > max_depth:
+            raise ValueError(f"JSON nested deeper than {max_depth} levels")
     return obj
 
 

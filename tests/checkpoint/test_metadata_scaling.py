@@ -72,3 +72,47 @@ def test_entry_columns_agree_with_entries(big: Path) -> None:
     sub_keys = [k for c in sub for k in c.keys]
     assert sub_keys == [e.key for e in entries[1234:54321]]
     assert [v for c in sub for v in c.inline(range(len(c.keys)))] == [e.inline for e in entries[1234:54321]]
+
+
+def _depth(x: object) -> int:
+    if isinstance(x, dict):
+        return 1 + max((_depth(v) for v in x.values()), default=0)
+    if isinstance(x, list):
+        return 1 + max((_depth(v) for v in x), default=0)
+    return 0
+
+
+def test_text_depth_matches_the_parsed_value() -> None:
+    """The depth check of large JSON documents (``zarr3._json.text_depth``, used instead of a
+    walk of every parsed value) agrees with the parsed value, strings holding brackets
+    included; a backslash anywhere (a quote might be escaped) leaves it to the walk."""
+    import json
+    import random
+
+    from zarr3._json import MAX_DEPTH, parse, text_depth
+
+    rng = random.Random(0)
+
+    def gen(d: int) -> object:
+        r = rng.random()
+        if d > 12 or r < 0.3:
+            return rng.choice([1, 2.5, None, True, "a[b", "}{", "x", "]]", ""])
+        if r < 0.65:
+            return [gen(d + 1) for _ in range(rng.randrange(0, 4))]
+        return {rng.choice(["k", "[", "}", "q"]) + str(i): gen(d + 1) for i in range(rng.randrange(0, 4))}
+
+    for _ in range(300):
+        x = gen(0)
+        text = json.dumps(x)
+        if not isinstance(x, (dict, list)):
+            continue
+        assert text_depth(text, min_size=0) == _depth(x), text
+    assert text_depth(json.dumps({"a": "\\\"[[["}), min_size=0) is None
+    assert text_depth("[1]") is None  # small: walked
+    # a large document nested too deep is refused by the text check
+    deep = "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1)
+    big = '{"pad": "' + "x" * (1 << 20) + '", "d": ' + deep + "}"
+    with pytest.raises(ValueError, match="deeper"):
+        parse(big)
+    ok = '{"pad": "' + "x" * (1 << 20) + '", "d": ' + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1) + "}"
+    assert parse(ok)["d"] == parse("[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1))
