@@ -162,7 +162,7 @@ def item_metadata(item: PyTreeItem, *, stored_sizes: bool | None = None) -> Any:
     leaves = item.leaves
     arrays = [leaf for leaf in leaves if leaf.kind in (ARRAY, SCALAR)]
     params = list(dict.fromkeys(item.data_param(leaf) for leaf in arrays))
-    summaries: dict[str, dict[str, Any]] = {}
+    rows: dict[str, tuple[Any, ...]] = {}
     sizes: dict[str, tuple[int, int]] = {}
     if params:
         store = item.array_store
@@ -172,7 +172,9 @@ def item_metadata(item: PyTreeItem, *, stored_sizes: bool | None = None) -> Any:
             raws = _fetch_metadata(item, params)
             if stored_sizes is True or (stored_sizes is None and _local_sizes(store.kv)):
                 sizes = _dir_sizes(item, params, raws)
-        parsed: dict[tuple[str, bytes], dict[str, Any]] = {}
+        shardings = item.shardings()
+        # per parameter, the LeafMetadata fields from the shape to the codecs, then the sharding
+        parsed: dict[tuple[str, bytes], tuple[Any, ...]] = {}
         for p in params:
             got = raws.get(p)
             if got is None:
@@ -180,16 +182,14 @@ def item_metadata(item: PyTreeItem, *, stored_sizes: bool | None = None) -> Any:
             s = parsed.get(got)
             if s is None:
                 try:
-                    s = parsed[got] = summarize_zarr(got[1], got[0] == "zarr.json")
+                    d = summarize_zarr(got[1], got[0] == "zarr.json")
                 except CorruptionError as e:
                     raise CorruptionError(f"array {p!r}: {e.reason}", path=store.kv.url) from e
-            summaries[p] = s
-    shardings = item.shardings() if arrays else {}
+                s = parsed[got] = (d["shape"], d["dtype"], d["chunks"], d["nbytes"], d["zarr_format"], d["codecs"])
+            stored, nstored = sizes.get(p, (None, None))
+            rows[p] = (s[0], s[1], s[2], s[3], stored, nstored, s[4], s[5], shardings.get(p) if shardings else None)
     ams = item.array_metadatas() if arrays else {}
     strings_needed = any(leaf.kind == STRING for leaf in leaves)
-    # per parameter, the LeafMetadata fields from the shape to the codecs, then the sharding
-    rows = {p: (s["shape"], s["dtype"], s["chunks"], s["nbytes"], *sizes.get(p, (None, None)), s["zarr_format"],
-                s["codecs"], shardings.get(p) if shardings else None) for p, s in summaries.items()}
     values = [_leaf_metadata(item, leaf, rows, ams, strings_needed) for leaf in leaves]
     return build_tree([(leaf.keys, v) for leaf, v in zip(leaves, values)])
 
@@ -214,21 +214,17 @@ def _scan_ocdbt(item: PyTreeItem, params: Sequence[str], *, want_sizes: bool
             metas = [i for i, k in enumerate(keys) if k.endswith((b"/.zarray", b"/zarr.json"))]
             if want_sizes:
                 _add_sizes(keys, cols.sizes, metas, ids, size_sum, count)
-            pend: dict[str, tuple[int, str]] = {}
-            for i in metas:
-                k = keys[i]
-                name, pb = (".zarray", k[:-8]) if k[-1] == 0x79 else ("zarr.json", k[:-10])  # 'y'
-                j = ids.get(pb)
-                if j is None:
-                    continue
-                p = params[j]
-                if name == prefer or (p not in raws and p not in pend):
-                    pend[p] = (i, name)
-            for (p, (_, name)), inline in zip(pend.items(), cols.inline([i for i, _ in pend.values()])):
-                if inline is not None:
-                    raws[p] = (name, inline)
-                else:
-                    out_of_line[p] = name
+            # the other document first, then the preferred one, which replaces it
+            for name in (".zarray", "zarr.json") if prefer == "zarr.json" else ("zarr.json", ".zarray"):
+                cut, v2 = (8, True) if name == ".zarray" else (10, False)
+                idx = [i for i in metas if (keys[i][-1] == 0x79) is v2]  # 'y'
+                found = zip(idx, map(ids.get, [keys[i][:-cut] for i in idx]))
+                sel = [(i, params[j]) for i, j in found if j is not None and (name == prefer or params[j] not in raws)]
+                for (_, p), inline in zip(sel, cols.inline([i for i, _ in sel])):
+                    if inline is not None:
+                        raws[p] = (name, inline)
+                    else:
+                        out_of_line[p] = name
     missing = [p for p in out_of_line if p not in raws]
     if missing:
         got = item.array_store.kv.get_many([f"{p}/{out_of_line[p]}" for p in missing])
