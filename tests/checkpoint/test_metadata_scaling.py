@@ -4,15 +4,19 @@ and the same answer as for the local directory; and the column scan it relies on
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ocdbt_py import checkpoint
-from ocdbt_py.kvstore import LocalStore
 from ocdbt_py.store import open as open_db
-from ocdbt_py.testing.latency import LatencyStore
+from tests.checkpoint.conftest import subprocess_env
+
+HERE = Path(__file__).resolve().parent
 
 
 def _tree(n: int) -> dict[str, dict[str, np.ndarray]]:
@@ -20,44 +24,33 @@ def _tree(n: int) -> dict[str, dict[str, np.ndarray]]:
             for k in range(n // 100)}
 
 
-def _requests(path: Path) -> tuple[int, int, object]:
-    store = LatencyStore(LocalStore(str(path), read_only=True))
-    md = checkpoint.metadata(store)
-    return store.stats.requests, store.stats.depth, md
+def test_metadata_of_100k_leaves_takes_no_per_leaf_requests(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(HERE / "_metadata_scaling_worker.py"), str(tmp_path)],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    small, big = r["1000"], r["100000"]
+    # the same requests whatever the number of leaves: listing, small files, manifest, B+tree
+    assert big["requests"] <= small["requests"] + 2, (small, big)
+    assert big["requests"] <= 20 and big["depth"] <= 10, big
+    assert big["depth"] <= small["depth"] + 1
+    assert (big["layers"], big["per_layer"]) == (1000, [100])
+    shape, dtype, _, stored, nstored, path = big["sample"]
+    assert (shape, dtype, nstored, path) == ([3], "float32", 1, ["layer7", "w5"]) and stored > 0
+    assert big["last"][0] == [1]
+    # and the same answer through the counting store as from the local directory
+    assert big["same_as_local"] and small["same_as_local"]
 
 
 @pytest.fixture(scope="module")
-def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("md") / "ck100k"
-    checkpoint.save(str(path), _tree(100_000), sync=False)
+def mid(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("md") / "ck20k"
+    checkpoint.save(str(path), _tree(20_000), sync=False)
     return path
 
 
-def test_metadata_of_100k_leaves_takes_no_per_leaf_requests(big: Path, tmp_path: Path) -> None:
-    small = tmp_path / "ck1k"
-    checkpoint.save(str(small), _tree(1_000), sync=False)
-    n_small, depth_small, _ = _requests(small)
-    n_big, depth_big, md = _requests(big)
-    # the same requests whatever the number of leaves: listing, small files, manifest, B+tree
-    assert n_big <= n_small + 2, (n_small, n_big)
-    assert n_big <= 20 and depth_big <= 10, (n_big, depth_big)
-    assert depth_big <= depth_small + 1
-    assert isinstance(md, dict) and len(md) == 1000 and all(len(v) == 100 for v in md.values())
-    leaf = md["layer7"]["w5"]
-    assert (leaf.shape, leaf.dtype, leaf.chunks_stored) == ((3,), np.dtype(np.float32), 1)
-    assert leaf.stored_bytes is not None and leaf.stored_bytes > 0
-    # and the same answer as from the local directory
-    local = checkpoint.metadata(str(big))
-    assert local["layer999"]["w99"].shape == md["layer999"]["w99"].shape == (1,)
-    for k in ("layer0", "layer500", "layer999"):
-        for name, a in local[k].items():
-            b = md[k][name]
-            assert (a.shape, a.dtype, a.chunks, a.stored_bytes, a.chunks_stored, a.path) == \
-                   (b.shape, b.dtype, b.chunks, b.stored_bytes, b.chunks_stored, b.path)
-
-
-def test_entry_columns_agree_with_entries(big: Path) -> None:
-    db = open_db(str(big))
+def test_entry_columns_agree_with_entries(mid: Path) -> None:
+    db = open_db(str(mid))
     entries = list(db.entries())
     cols = list(db.entry_columns())
     keys = [k for c in cols for k in c.keys]
@@ -67,11 +60,10 @@ def test_entry_columns_agree_with_entries(big: Path) -> None:
     got = [v for c in cols for v in c.inline(range(len(c.keys)))]
     assert got == [e.inline for e in entries]
     # a sub-range (start inside a leaf) keeps positions relative to the run
-    lo, hi = entries[1234].key, entries[54321].key
+    lo, hi = entries[1234].key, entries[34321].key
     sub = list(db.entry_columns(start=lo, stop=hi))
-    sub_keys = [k for c in sub for k in c.keys]
-    assert sub_keys == [e.key for e in entries[1234:54321]]
-    assert [v for c in sub for v in c.inline(range(len(c.keys)))] == [e.inline for e in entries[1234:54321]]
+    assert [k for c in sub for k in c.keys] == [e.key for e in entries[1234:34321]]
+    assert [v for c in sub for v in c.inline(range(len(c.keys)))] == [e.inline for e in entries[1234:34321]]
 
 
 def _depth(x: object) -> int:
