@@ -8,7 +8,6 @@ front and turns an allocation failure into :class:`ocdbt_py.errors.ResourceError
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -36,10 +35,18 @@ def _human(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+#: outputs up to this size are allocated without asking how much memory the machine has
+_ALWAYS_OK = 64 << 20
+
+
 def empty(shape: Sequence[int], dtype: Any, what: str) -> np.ndarray:
     """``np.empty(shape, dtype)``, or :class:`ResourceError` naming ``what`` and the size."""
-    dt = np.dtype(dtype)
-    nbytes = math.prod(int(d) for d in shape) * dt.itemsize
+    dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+    nbytes = dt.itemsize
+    for d in shape:
+        nbytes *= int(d)
+    if nbytes <= _ALWAYS_OK:  # the common case: no system call per chunk
+        return np.empty(tuple(shape), dtype=dt)
     phys = physical_memory()
     if phys is not None and nbytes > phys:
         raise ResourceError(

@@ -7,10 +7,10 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 
+from ocdbt_py.cli import progress
 from ocdbt_py.cli.errors import UsageError
 from ocdbt_py.cli.options import add_json, add_quiet
 from ocdbt_py.cli.output import human_bytes
-from ocdbt_py.cli.progress import Progress, want_progress
 
 __all__ = ["add_inspect_common", "progress_callback", "check_workers", "fmt_num", "fmt_shape"]
 
@@ -35,11 +35,10 @@ def add_inspect_common(p: argparse.ArgumentParser, *, step: bool = True, include
 def progress_callback(args: argparse.Namespace, label: str) -> Iterator[Callable[[int, int], None] | None]:
     """A ``progress(done_bytes, total_bytes)`` drawing a bar on stderr when it is a terminal
     (and not ``--quiet``); ``None`` otherwise."""
-
-    if getattr(args, "quiet", False) or not want_progress(None):
+    if getattr(args, "quiet", False) or not progress.want_progress(None):
         yield None
         return
-    with Progress(label, enabled=True) as bar:
+    with progress.Progress(label, enabled=True) as bar:
         yield lambda done, total: bar.update(done, total, f"{human_bytes(done)} of {human_bytes(total)}")
 
 
