@@ -33,7 +33,7 @@ setup-test: $(TEST_STAMP)
 # The test stack on top: TensorStore, Orbax, JAX, zarr, emulators, ruff, mypy (about 1.5 GB).
 $(TEST_STAMP): $(STAMP) pyproject.toml
 	@echo "== make: adding the test stack to $(VENV) (oracles, emulators, linters: several minutes)"
-	$(PIP) install --progress-bar on -e '.[test,dev,http]'
+	$(PIP) install --progress-bar on -e '.[test,dev,http,bench]'
 	@if command -v $(NPM) >/dev/null 2>&1; then \
 	  echo "== make: installing Azure's storage emulator ($(AZURITE)) into $(VENV)/node with npm"; \
 	  $(NPM) install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error $(AZURITE); \
