@@ -8,14 +8,17 @@ the bytes that remain.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ocdbt_py.errors import CorruptionError
+from zarr3.codecs._filter import Filter, check_keys
+from zarr3.codecs.base import ArrayBytesCodec, Buffer, ChunkSpec, check_config
+from zarr3.errors import MetadataError
 
-__all__ = ["pack_items", "unpack_items", "MAX_VLEN_CHUNK_NBYTES"]
+__all__ = ["pack_items", "unpack_items", "MAX_VLEN_CHUNK_NBYTES", "VlenFilter", "VlenCodec"]
 
 #: Bound of a decoded (decompressed) chunk of variable-length elements: 1 GiB.
 MAX_VLEN_CHUNK_NBYTES = 1 << 30
@@ -60,3 +63,67 @@ def unpack_items(buf: Any, what: str, expected: int | None = None) -> list[bytes
     if pos != total:
         raise CorruptionError(f"{what}: {total - pos} trailing bytes after {count} items")
     return out
+
+
+class VlenFilter(Filter):
+    """A v2 object codec of this layout (``vlen-utf8``, ``vlen-bytes``): subclasses name it and
+    give :attr:`encode_items` / :attr:`decode_items`."""
+
+    variable = True
+    #: ``(array) -> bytes`` and ``(buffer, expected count) -> flat array``, as static methods
+    encode_items: ClassVar[staticmethod[[np.ndarray], bytes]]
+    decode_items: ClassVar[staticmethod[[Any, int | None], np.ndarray]]
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], field: str) -> VlenFilter:
+        check_keys(config, (), field)
+        return cls()
+
+    def config(self) -> dict[str, Any]:
+        return {}
+
+    def encoded_dtype(self, dtype: np.dtype[Any]) -> np.dtype[Any]:
+        return np.dtype("u1")
+
+    def encoded_count(self, n: int, dtype: np.dtype[Any]) -> int | None:
+        return None
+
+    def encode(self, arr: np.ndarray) -> np.ndarray:
+        return np.frombuffer(self.encode_items(arr), dtype=np.uint8)
+
+    def decode(self, buf: Any) -> np.ndarray:
+        return self.decode_items(buf, None)
+
+
+class VlenCodec(ArrayBytesCodec):
+    """A v3 array -> bytes codec of this layout: subclasses name it, the data type kinds it
+    serves (:attr:`kinds`, described by :attr:`kind_text`) and its item functions."""
+
+    kinds: ClassVar[tuple[str, ...]]
+    kind_text: ClassVar[str]
+    encode_items: ClassVar[staticmethod[[np.ndarray], bytes]]
+    decode_items: ClassVar[staticmethod[[Any, int | None], np.ndarray]]
+
+    @classmethod
+    def from_config(cls, config: Any, field: str) -> VlenCodec:
+        check_config(config, (), field)
+        return cls()
+
+    def configuration(self) -> dict[str, Any] | None:
+        return {}
+
+    def resolve(self, spec: ChunkSpec, field: str) -> VlenCodec:
+        if spec.dtype.kind not in self.kinds:
+            raise MetadataError(f"{field}.name", self.name,
+                                f"needs a {self.kind_text} data type, not {spec.dtype.name}")
+        return self
+
+    def max_encoded_size(self, spec: ChunkSpec) -> int:
+        return MAX_VLEN_CHUNK_NBYTES
+
+    def encode(self, arr: np.ndarray, spec: ChunkSpec) -> Buffer:
+        return self.encode_items(arr)
+
+    def decode(self, data: Buffer, spec: ChunkSpec) -> np.ndarray:
+        out = self.decode_items(data, spec.size).reshape(spec.shape)
+        return out if out.dtype == spec.dtype.dtype else out.astype(spec.dtype.dtype)

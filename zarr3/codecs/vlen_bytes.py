@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from zarr3.codecs._filter import Filter, check_keys, register_filter
-from zarr3.codecs._vlen import MAX_VLEN_CHUNK_NBYTES, pack_items, unpack_items
-from zarr3.codecs.base import ArrayBytesCodec, Buffer, ChunkSpec, check_config
-from zarr3.errors import MetadataError
+from zarr3.codecs._filter import register_filter
+from zarr3.codecs._vlen import VlenCodec, VlenFilter, pack_items, unpack_items
 
 __all__ = ["VlenBytesCodec", "VlenBytesFilter", "encode_bytes_items", "decode_bytes_items"]
 
@@ -38,56 +35,19 @@ def decode_bytes_items(buf: Any, expected: int | None = None) -> np.ndarray:
 
 
 @register_filter
-class VlenBytesFilter(Filter):
-    """The v2 object codec ``{"id": "vlen-bytes"}``."""
+class VlenBytesFilter(VlenFilter):
+    """The v2 object codec ``{"id": "vlen-bytes"}`` (first entry of ``filters``)."""
 
     codec_id = "vlen-bytes"
-    variable = True
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], field: str) -> VlenBytesFilter:
-        check_keys(config, (), field)
-        return cls()
-
-    def config(self) -> dict[str, Any]:
-        return {}
-
-    def encoded_dtype(self, dtype: np.dtype[Any]) -> np.dtype[Any]:
-        return np.dtype("u1")
-
-    def encoded_count(self, n: int, dtype: np.dtype[Any]) -> int | None:
-        return None
-
-    def encode(self, arr: np.ndarray) -> np.ndarray:
-        return np.frombuffer(encode_bytes_items(arr), dtype=np.uint8)
-
-    def decode(self, buf: Any) -> np.ndarray:
-        return decode_bytes_items(buf)
+    encode_items = staticmethod(encode_bytes_items)
+    decode_items = staticmethod(decode_bytes_items)
 
 
-class VlenBytesCodec(ArrayBytesCodec):
-    """The v3 array -> bytes codec ``vlen-bytes`` for ``variable_length_bytes`` arrays."""
+class VlenBytesCodec(VlenCodec):
+    """The v3 array -> bytes codec ``vlen-bytes`` for bytes arrays."""
 
     name = "vlen-bytes"
-
-    @classmethod
-    def from_config(cls, config: Any, field: str) -> VlenBytesCodec:
-        check_config(config, (), field)
-        return cls()
-
-    def configuration(self) -> dict[str, Any] | None:
-        return {}
-
-    def resolve(self, spec: ChunkSpec, field: str) -> VlenBytesCodec:
-        if spec.dtype.kind not in ("vbytes", "object"):
-            raise MetadataError(f"{field}.name", self.name, f"needs a bytes data type, not {spec.dtype.name}")
-        return self
-
-    def max_encoded_size(self, spec: ChunkSpec) -> int:
-        return MAX_VLEN_CHUNK_NBYTES
-
-    def encode(self, arr: np.ndarray, spec: ChunkSpec) -> Buffer:
-        return encode_bytes_items(arr)
-
-    def decode(self, data: Buffer, spec: ChunkSpec) -> np.ndarray:
-        return decode_bytes_items(data, spec.size).reshape(spec.shape)
+    kinds = ('vbytes', 'object')
+    kind_text = "bytes"
+    encode_items = staticmethod(encode_bytes_items)
+    decode_items = staticmethod(decode_bytes_items)
