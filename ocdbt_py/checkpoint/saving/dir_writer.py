@@ -21,12 +21,11 @@ from ocdbt_py.checkpoint.saving.arrays import (
     ONE_SHOT_BYTES,
     ArraySpec,
     Compressors,
-    chunk_regions,
     encode_chunk,
     encode_small,
 )
 from ocdbt_py.checkpoint.saving.merge import IncompleteSaveError
-from ocdbt_py.checkpoint.saving.process_writer import BATCH_BYTES, BATCH_TASKS, ChunkJob, run_bounded
+from ocdbt_py.checkpoint.saving.process_writer import ChunkJob, chunk_tasks, run_bounded
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.sinks import Sink, open_sink
 
@@ -122,25 +121,8 @@ class DirWriter:
         self._note(key, out.n)
 
     def tasks(self, jobs: Iterable[ChunkJob]) -> Iterable[Callable[[], None]]:
-        """Tasks writing every chunk of every region (small chunks several to a task)."""
-        batch: list[tuple[ArraySpec, str, np.ndarray]] = []
-        batch_bytes = 0
-        for spec, origin, data in jobs:
-            if tuple(data.shape) and any(o + n > s for o, n, s in zip(origin, data.shape, spec.shape)):
-                raise ValueError(f"region of {spec.param!r} at {tuple(origin)} exceeds the array shape {spec.shape}")
-            chunk_bytes = max(1, int(np.prod(spec.chunk_shape, dtype=np.int64)) * spec.dtype.itemsize)
-            for coords, sl in chunk_regions(spec, origin, data.shape):
-                key = spec.chunk_key(coords)
-                if chunk_bytes > ONE_SHOT_BYTES:
-                    yield functools.partial(self.encode, spec, key, data[sl])
-                    continue
-                batch.append((spec, key, data[sl]))
-                batch_bytes += chunk_bytes
-                if batch_bytes >= BATCH_BYTES or len(batch) >= BATCH_TASKS:
-                    yield self._batch(batch)
-                    batch, batch_bytes = [], 0
-        if batch:
-            yield self._batch(batch)
+        """Tasks writing every chunk of every region (see :func:`process_writer.chunk_tasks`)."""
+        return chunk_tasks(jobs, lambda spec, key, data: functools.partial(self.encode, spec, key, data), self._batch)
 
     def _batch(self, items: list[tuple[ArraySpec, str, np.ndarray]]) -> Callable[[], None]:
         def run() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -58,6 +58,33 @@ def default_workers() -> int:
     """Encoding threads: one per core, at least 4 so file writes and syncs overlap compression
     (TensorStore's file I/O concurrency is also at least 4)."""
     return max(4, min(16, os.cpu_count() or 4))
+
+
+
+def chunk_tasks(jobs: Iterable[ChunkJob],
+                one: Callable[[ArraySpec, str, np.ndarray], Callable[[], None]],
+                many: Callable[[list[tuple[ArraySpec, str, np.ndarray]]], Callable[[], None]],
+                ) -> Iterator[Callable[[], None]]:
+    """Tasks writing every chunk of every region: chunks over ``ONE_SHOT_BYTES`` one per task
+    (``one``), smaller ones batched up to ``BATCH_BYTES`` or ``BATCH_TASKS`` (``many``)."""
+    batch: list[tuple[ArraySpec, str, np.ndarray]] = []
+    batch_bytes = 0
+    for spec, origin, data in jobs:
+        if tuple(data.shape) and any(o + n > s for o, n, s in zip(origin, data.shape, spec.shape)):
+            raise ValueError(f"region of {spec.param!r} at {tuple(origin)} exceeds the array shape {spec.shape}")
+        chunk_bytes = max(1, int(np.prod(spec.chunk_shape, dtype=np.int64)) * spec.dtype.itemsize)
+        for coords, sl in chunk_regions(spec, origin, data.shape):
+            key = spec.chunk_key(coords)
+            if chunk_bytes > ONE_SHOT_BYTES:
+                yield one(spec, key, data[sl])
+                continue
+            batch.append((spec, key, data[sl]))
+            batch_bytes += chunk_bytes
+            if batch_bytes >= BATCH_BYTES or len(batch) >= BATCH_TASKS:
+                yield many(batch)
+                batch, batch_bytes = [], 0
+    if batch:
+        yield many(batch)
 
 
 class ProcessWriter:
@@ -158,27 +185,8 @@ class ProcessWriter:
         pool.release(f)
 
     def tasks(self, jobs: Iterable[ChunkJob]) -> Iterable[Callable[[], None]]:
-        """Tasks encoding every chunk of every region; chunks of at most ``ONE_SHOT_BYTES``
-        are batched (up to ``BATCH_BYTES`` or ``BATCH_TASKS`` per task), larger ones are
-        streamed one per task."""
-        batch: list[tuple[ArraySpec, str, np.ndarray]] = []
-        batch_bytes = 0
-        for spec, origin, data in jobs:
-            if tuple(data.shape) and any(o + n > s for o, n, s in zip(origin, data.shape, spec.shape)):
-                raise ValueError(f"region of {spec.param!r} at {tuple(origin)} exceeds the array shape {spec.shape}")
-            chunk_bytes = max(1, int(np.prod(spec.chunk_shape, dtype=np.int64)) * spec.dtype.itemsize)
-            for coords, sl in chunk_regions(spec, origin, data.shape):
-                key = spec.chunk_key(coords)
-                if chunk_bytes > ONE_SHOT_BYTES:
-                    yield self._chunk_task(spec, key, data[sl])
-                    continue
-                batch.append((spec, key, data[sl]))
-                batch_bytes += chunk_bytes
-                if batch_bytes >= BATCH_BYTES or len(batch) >= BATCH_TASKS:
-                    yield self._small_batch_task(batch)
-                    batch, batch_bytes = [], 0
-        if batch:
-            yield self._small_batch_task(batch)
+        """Tasks encoding every chunk of every region (see :func:`chunk_tasks`)."""
+        return chunk_tasks(jobs, self._chunk_task, self._small_batch_task)
 
     def run(self, tasks: Iterable[Callable[[], None]], workers: int) -> None:
         """Run the chunk tasks on ``workers`` threads, a bounded number in flight."""
