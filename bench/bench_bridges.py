@@ -27,29 +27,15 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from common import call_worker  # bench/common.py (bench/ is on sys.path)
+
 REPO = Path(__file__).resolve().parents[1]
 N_TENSORS = 8
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
-
-
-def _call(*args: str) -> dict[str, Any]:
-    p = subprocess.run([sys.executable, __file__, "--worker", *args], env=_env(), capture_output=True, text=True,
-                       timeout=3600)
-    if p.returncode != 0:
-        raise RuntimeError(f"worker {args} failed:\n{p.stderr[-4000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 class _PeakRss:
@@ -233,7 +219,7 @@ def _setup(d: Path, size: int) -> dict[str, str]:
 
 
 def _best(args: list[str], repeat: int) -> dict[str, Any]:
-    runs = [_call(*args) for _ in range(repeat)]
+    runs = [call_worker(__file__, args) for _ in range(repeat)]
     return min(runs, key=lambda r: r["seconds"])
 
 

@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import upload_dir, zarr_array_names  # bench/common.py (bench/ is on sys.path)
+
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 BUCKET = "bench"
@@ -159,19 +161,6 @@ def worker(argv: list[str]) -> None:
 
 # -- driver --------------------------------------------------------------------------------------
 
-def _upload(fs: Any, local: Path, name: str) -> None:
-    if fs.exists(f"{BUCKET}/{name}/_METADATA"):
-        return
-    files = [p for p in sorted(local.rglob("*")) if p.is_file()]
-    fs.put([str(p) for p in files], [f"{BUCKET}/{name}/{p.relative_to(local).as_posix()}" for p in files])
-
-
-def _names(local: Path) -> list[str]:
-    import ocdbt_py
-
-    db = ocdbt_py.open(local)
-    return sorted({k.decode().rsplit("/", 1)[0] for k in db.list() if k.endswith(b"/.zarray")})
-
 
 def _compare(runs: dict[str, list[dict[str, Any]]], a: str, b: str, loads: list[float]) -> dict[str, Any]:
     best = {k: min(r["seconds"] for r in v) for k, v in runs.items()}
@@ -213,9 +202,9 @@ def bench_gcs(root: Path, cases: list[str], repeat: int) -> dict[str, Any]:
                     "GOOGLE_AUTH_TOKEN_FOR_TESTING": "ocdbt-bench"})
         opts = json.dumps(srv.storage_options())
         for case in cases:
-            _upload(fs, root / case, case)
+            upload_dir(fs, root / case, f"{BUCKET}/{case}")
             names = root / f"{case}.names.json"
-            names.write_text(json.dumps(_names(root / case)))
+            names.write_text(json.dumps(zarr_array_names(root / case)))
             l0 = os.getloadavg()[0]
             runs = _rounds({"ours": ["ours", f"gs://{BUCKET}/{case}", opts],
                             "ts": ["ts-gcs", case, str(names)]}, env, repeat, f"gcs {case}")
@@ -241,10 +230,10 @@ def bench_azure(root: Path, cases: list[str], repeat: int) -> dict[str, Any]:
             dirs = f"{case}-dirs"
             if not (root / dirs / "_METADATA").exists():
                 _call(["make-dirs", str(root / case), str(root / dirs)], env)
-            _upload(fs, root / case, case)
-            _upload(fs, root / dirs, dirs)
+            upload_dir(fs, root / case, f"{BUCKET}/{case}")
+            upload_dir(fs, root / dirs, f"{BUCKET}/{dirs}")
             names = root / f"{case}.names.json"
-            names.write_text(json.dumps(_names(root / case)))
+            names.write_text(json.dumps(zarr_array_names(root / case)))
             l0 = os.getloadavg()[0]
             runs = _rounds({"ours-dirs": ["ours", f"az://{BUCKET}/{dirs}", opts],
                             "ours-ocdbt": ["ours", f"az://{BUCKET}/{case}", opts],

@@ -26,28 +26,14 @@ import argparse
 import json
 import os
 import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from common import call_worker  # bench/common.py (bench/ is on sys.path)
+
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
-
-
-def _call(*args: str) -> dict[str, Any]:
-    p = subprocess.run([sys.executable, __file__, "--worker", *args], env=_env(), capture_output=True, text=True,
-                       timeout=3600)
-    if p.returncode != 0:
-        raise RuntimeError(f"worker {args} failed:\n{p.stderr[-4000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def _worker(kind: str, a: str, b: str) -> None:
@@ -133,7 +119,7 @@ def main() -> None:
     best: dict[str, dict[str, Any]] = {}
     for _ in range(args.repeat):
         for kind in ("restore", "stats", "diff"):
-            r = _call(kind, str(a), str(b))
+            r = call_worker(__file__, [kind, str(a), str(b)])
             if kind not in best or r["seconds"] < best[kind]["seconds"]:
                 best[kind] = r
     rs, st, df = best["restore"], best["stats"], best["diff"]

@@ -49,6 +49,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import upload_dir, zarr_array_names  # bench/common.py (bench/ is on sys.path)
+
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 BUCKET = "bench"
@@ -154,18 +156,7 @@ def worker(argv: list[str]) -> None:
 def _upload(srv: Any, local: Path, name: str) -> None:
     import s3fs
 
-    fs = s3fs.S3FileSystem(skip_instance_cache=True, **srv.storage_options())
-    if fs.exists(f"{BUCKET}/{name}/_METADATA"):
-        return
-    files = [p for p in sorted(local.rglob("*")) if p.is_file()]
-    fs.put([str(p) for p in files], [f"{BUCKET}/{name}/{p.relative_to(local).as_posix()}" for p in files])
-
-
-def _names(local: Path) -> list[str]:
-    import ocdbt_py
-
-    db = ocdbt_py.open(local)
-    return sorted({k.decode().rsplit("/", 1)[0] for k in db.list() if k.endswith(b"/.zarray")})
+    upload_dir(s3fs.S3FileSystem(skip_instance_cache=True, **srv.storage_options()), local, f"{BUCKET}/{name}")
 
 
 def main() -> None:
@@ -209,7 +200,7 @@ def main() -> None:
             t = time.perf_counter()
             _upload(srv, root / case, case)
             names_file = root / f"{case}.names.json"
-            names_file.write_text(json.dumps(_names(root / case)))
+            names_file.write_text(json.dumps(zarr_array_names(root / case)))
             print(f"[{case}] uploaded in {time.perf_counter() - t:.1f} s", file=sys.stderr)
             row: dict[str, Any] = {}
             for label, delay in (("no latency", 0.0), (f"{args.delay * 1000:.0f} ms latency", args.delay)):

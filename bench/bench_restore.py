@@ -34,35 +34,22 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from common import call_worker, repo_env  # bench/common.py (bench/ is on sys.path)
+
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    return env
-
-
-def _call(*args: str) -> dict[str, Any]:
-    p = subprocess.run([sys.executable, __file__, "--worker", *args], env=_env(), capture_output=True, text=True,
-                       timeout=3600)
-    if p.returncode != 0:
-        raise RuntimeError(f"worker {args} failed:\n{p.stderr[-4000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
 # -- workers (run in fresh processes) ---------------------------------------------------------
 
+
+#: workers see 8 CPU devices, as Orbax wrote the checkpoints
+_JAX_ENV = repo_env(jax_devices=8)
 
 def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -216,7 +203,6 @@ def _warm(path: Path) -> None:
                     pass
 
 
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="/tmp/ocdbt_bench_restore")
@@ -233,7 +219,7 @@ def main() -> int:
     root.mkdir(parents=True, exist_ok=True)
     big_bytes = (GIB // 8) if a.quick else GIB
     print(f"writing checkpoints into {root} (once) ...", file=sys.stderr)
-    _call("make", str(root), str(big_bytes))
+    call_worker(__file__, ["make", str(root), str(big_bytes)], _JAX_ENV)
     results: dict[str, Any] = {}
     targets = {"quarter": 0.45, "small16k": 0.08, "big": 0.5, "medium": 0.15, "tiny": 0.1}
     for case in a.cases.split(","):
@@ -243,7 +229,7 @@ def main() -> int:
             # side reads from disk what the other just brought into memory
             for who in (("ours", "orbax") if i % 2 == 0 else ("orbax", "ours")):
                 _warm(root / case)
-                (ours if who == "ours" else theirs).append(_call(who, str(root / case)))
+                (ours if who == "ours" else theirs).append(call_worker(__file__, [who, str(root / case)], _JAX_ENV))
         bo = min(ours, key=lambda r: r["seconds"])
         bt = min(theirs, key=lambda r: r["seconds"])
         assert bo["bytes"] == bt["bytes"], (bo, bt)
@@ -264,11 +250,12 @@ def main() -> int:
         results["big_rss"] = {"peak_over_restored": rss_ratio, "target": 1.2}
         print(f"big     peak RSS / restored bytes = {rss_ratio:.2f} (target <= 1.2)", file=sys.stderr)
     _warm(root / "meta10k")
-    meta = min((_call("meta", str(root / "meta10k")) for _ in range(a.repeat)), key=lambda r: r["seconds"])
+    metas = [call_worker(__file__, ["meta", str(root / "meta10k")], _JAX_ENV) for _ in range(a.repeat)]
+    meta = min(metas, key=lambda r: r["seconds"])
     results["metadata_10k"] = {**meta, "target_s": 0.2}
     print(f"metadata() of {meta['leaves']} leaves: {meta['seconds']:.3f}s (target < 0.2 s)", file=sys.stderr)
     _warm(root / "big")
-    exp = _call("export", str(root / "big"), str(root / "export.safetensors"))
+    exp = call_worker(__file__, ["export", str(root / "big"), str(root / "export.safetensors")], _JAX_ENV)
     results["export_big"] = {**exp, "target_peak_mib": 300}
     print(f"export of big: {exp['seconds']:.2f}s, peak RSS {exp['peak_mib']:.0f} MiB (target < 300 MiB)",
           file=sys.stderr)
