@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import json
 import random
-import resource
 import struct
 import time
 import tracemalloc
@@ -41,6 +40,7 @@ from ocdbt_py.format.envelope import (
 from ocdbt_py.format.manifest import decode_manifest, encode_manifest
 from ocdbt_py.format.version_tree import decode_version_tree_node
 from ocdbt_py.kvstore import MemoryStore
+from tests import peak_rss
 from tests.ocdbt.ocdbt_craft import (
     RAW,
     DbFiles,
@@ -148,9 +148,9 @@ def test_corpus_covers_every_kind() -> None:
 @pytest.fixture(autouse=True)
 def peak_memory_guard() -> Iterator[None]:
     """No fuzz test may raise the process's peak resident memory by 256 MiB or more."""
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    before = peak_rss.start()
     yield
-    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    grown = peak_rss.grown_kib(before)
     assert grown < 256 * 1024, f"peak RSS grew by {grown} KiB"
 
 

@@ -114,29 +114,9 @@ def run_ours(cases: list[dict[str, Any]]) -> dict[str, Any]:
             signal.alarm(0)
         slowest = max(slowest, time.perf_counter() - t0)
         results.append(res)
-    return {"results": results, "peak_rss_kib": peak_rss_kib(), "slowest_case_s": slowest}
+    from tests import peak_rss  # on sys.path since main(); the test tree's helper
 
-
-def reset_peak_rss() -> None:
-    """Start the peak-RSS count here: Linux carries ``ru_maxrss`` over ``exec`` from the forked
-    copy of the parent (a test runner of a gigabyte), so this process's own peak needs a reset."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
-def peak_rss_kib() -> int:
-    """This process's peak RSS since :func:`reset_peak_rss` (``VmHWM``), else ``ru_maxrss``."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"results": results, "peak_rss_kib": peak_rss.peak_kib(), "slowest_case_s": slowest}
 
 
 def run_tensorstore(cases: list[dict[str, Any]]) -> dict[str, Any]:
@@ -155,10 +135,12 @@ def run_tensorstore(cases: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     mode, cases_path, out_path = sys.argv[1:4]
-    reset_peak_rss()
+    sys.path.insert(0, str(ROOT))
+    from tests import peak_rss  # the test tree's helper: this script runs outside the package
+
+    peak_rss.start()  # ru_maxrss would carry the forked test runner's peak over exec
     if mode == "ours":
         resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
-    sys.path.insert(0, str(ROOT))
     cases = json.loads(Path(cases_path).read_text())
     out = run_ours(cases) if mode == "ours" else run_tensorstore(cases)
     Path(out_path).write_text(json.dumps(out))

@@ -9,7 +9,6 @@ the stored bytes, not to the keys described.
 from __future__ import annotations
 
 import dataclasses
-import resource
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from ocdbt_py.format.manifest import decode_manifest, encode_manifest
 from ocdbt_py.format.version_tree import BtreeGenerationReference
 from ocdbt_py.kvstore import MemoryStore
 from ocdbt_py.maintenance.verify import verify
+from tests import peak_rss
 from tests.ocdbt.ocdbt_craft import RAW, DbFiles, Tree, generation, single_manifest, write_dir
 
 pytestmark = pytest.mark.timeout(120)
@@ -53,8 +53,6 @@ def dag_db(fan: int = FAN) -> dict[str, bytes]:
     return db.as_dict()
 
 
-def _rss_kib() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def test_dag_is_small_and_valid_per_node() -> None:
@@ -65,7 +63,7 @@ def test_dag_is_small_and_valid_per_node() -> None:
 @pytest.mark.parametrize("op", ["list", "items", "entries", "len"])
 def test_listing_a_dag_stops_at_the_shared_node(op: str) -> None:
     s = ocdbt_py.open(MemoryStore(dag_db()))
-    t0, rss0 = time.perf_counter(), _rss_kib()
+    t0, rss0 = time.perf_counter(), peak_rss.start()
     n = 0
     with pytest.raises(CorruptionError, match="reached twice"):
         if op == "len":
@@ -75,7 +73,7 @@ def test_listing_a_dag_stops_at_the_shared_node(op: str) -> None:
                 n += 1
     assert n <= FAN  # the first leaf's keys at most
     assert time.perf_counter() - t0 < 5
-    assert _rss_kib() - rss0 < 64 * 1024
+    assert peak_rss.grown_kib(rss0) < 64 * 1024
 
 
 def test_point_reads_of_a_dag_still_work() -> None:
@@ -129,9 +127,9 @@ def test_checkpoint_restore_with_a_dag_is_bounded(tmp_path: Path) -> None:
     checkpoint.save(ck, want)
     assert (ck / "manifest.ocdbt").exists()  # the item's database (it refers to process_0's files)
     _graft_dag(ck)
-    t0, rss0 = time.perf_counter(), _rss_kib()
+    t0, rss0 = time.perf_counter(), peak_rss.start()
     # the restore lists the whole item (value_sizes): it meets the DAG and stops
     with pytest.raises(OcdbtError, match="reached twice"):
         checkpoint.restore(ck)
     assert time.perf_counter() - t0 < 10
-    assert _rss_kib() - rss0 < 256 * 1024
+    assert peak_rss.grown_kib(rss0) < 256 * 1024
