@@ -3,8 +3,9 @@
 Over the same chunks ``ocdbt_py.checkpoint.save`` writes (for ``bench_save.py``'s NumPy cases,
 one chunk per array), with nothing else (no metadata, no B+tree, no manifest):
 
-* ``zstd``: zstd at the level the format records (1, Orbax's ``.zarray``) on all cores, one
-  compressor per thread, output discarded;
+* ``zstd``: zstd at the level the format records (1, Orbax's ``.zarray``) on all cores (as
+  many threads as ours uses: one per core, at least 4), one compressor per thread, chunks
+  dealt largest first to the least loaded thread, output discarded;
 * ``+write``: the same, appended to one file per thread in 1 MiB writes (the page cache);
 * ``+fsync``: the same, writeback started every 32 MiB (``sync_file_range``, as ours does) and
   every file fsynced at the end (what a durable save pays).
@@ -98,7 +99,9 @@ def _worker(chunks: list[np.ndarray], out: _File) -> None:
 def floor_once(chunks: list[np.ndarray], mode: str, directory: str | None, threads: int | None = None
                ) -> tuple[float, float]:
     """``(wall, CPU)`` seconds of one floor pass (``mode``: ``zstd``, ``write`` or ``fsync``)."""
-    n = threads or os.cpu_count() or 1
+    # as many threads as ours encodes with (one per core, at least 4): on a shared machine
+    # fewer threads than ours would get a smaller share of the cores and time slower
+    n = threads or max(4, min(16, os.cpu_count() or 4))
     order = sorted(range(len(chunks)), key=lambda i: -chunks[i].nbytes)  # largest first: balanced
     shares: list[list[np.ndarray]] = [[] for _ in range(n)]
     loads = [0] * n
