@@ -262,3 +262,53 @@ def test_prefetch_on_gcs_and_azure(request: pytest.FixtureRequest, monkeypatch: 
     _assert_same(got["params"], tree["params"])
     ranges, held, _, _ = spy.calls[0]
     assert ranges > 0 and held > 0
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_first_prefetched_range_goes_alone(monkeypatch: pytest.MonkeyPatch, alone: bool) -> None:
+    """The other ranges are requested once the first has arrived (so it arrives sooner and
+    decoding starts); a failure to start them reaches whoever waits on their futures."""
+    from ocdbt_py.kvstore.memory import MemoryStore
+
+    store = MemoryStore()
+    store.set("d/f", bytes(300))
+    events: list[str] = []
+    real_get_many = MemoryStore.get_many
+
+    def get_many(self: Any, reqs: Any) -> Any:
+        lo = reqs[0][1][0]
+        events.append(f"start {lo}")
+        if lo == 0:
+            time.sleep(0.2)
+        out = real_get_many(self, reqs)
+        events.append(f"end {lo}")
+        return out
+
+    monkeypatch.setattr(MemoryStore, "get_many", get_many)
+    monkeypatch.setattr(remoteread, "MAX_SPAN", 100)
+    monkeypatch.setattr(remoteread, "PREFETCH_MIN_FILE", 0)
+    monkeypatch.setattr(remoteread, "PREFETCH_FIRST_ALONE", alone)
+    pre = remoteread.Prefetch([store], [(0, "d/f", 300)], budget=300)
+    pre.wait()
+    assert [f.result()[0] for _, f in pre.jobs] == [bytes(100)] * 3
+    if alone:
+        assert events.index("end 0") < events.index("start 100") and events.index("end 0") < events.index("start 200")
+    else:
+        assert events.index("start 100") < events.index("end 0")
+
+    real_start = remoteread._start_span
+    calls = itertools.count()
+
+    def start_once(*a: Any) -> Any:
+        if next(calls):
+            raise OSError("cannot start")
+        return real_start(*a)
+
+    monkeypatch.setattr(remoteread, "_start_span", start_once)
+    if alone:
+        pre = remoteread.Prefetch([store], [(0, "d/f", 300)], budget=300)
+        pre.wait()  # never hangs
+        assert pre.jobs[0][1].result()[0] == bytes(100)
+        for _, f in pre.jobs[1:]:
+            with pytest.raises(OSError, match="cannot start"):
+                f.result()

@@ -67,6 +67,11 @@ MAX_SPAN = 32 << 20
 FIRST_SPAN = 4 << 20
 #: Data files smaller than this are not prefetched (see :class:`Prefetch`).
 PREFETCH_MIN_FILE = 64 << 10
+#: The first prefetched range is requested alone, the others once it has arrived: sharing the
+#: link with them it arrives when they all do (4 x 32 MiB: ~0.1 s from the GCS emulator),
+#: alone in a fraction of that, and decoding starts that much earlier (1 GiB from the GCS
+#: emulator: best of 8 interleaved, 1.039 s vs 1.080 s; 5 of 8 pairs faster).
+PREFETCH_FIRST_ALONE = True
 #: Values of one request are decoded in jobs of about this many bytes (both workers share
 #: the last request instead of one decoding it alone).
 DECODE_JOB_BYTES = 4 << 20
@@ -162,15 +167,29 @@ def _start_span(job: _Job, stores: Sequence[KvStore], _pool: _Pool) -> concurren
     return _io().submit(stores[si].get_many, [(fk, (lo, hi))])
 
 
+def _chain(src: concurrent.futures.Future[Any], dst: concurrent.futures.Future[Any]) -> None:
+    """Complete ``dst`` with ``src``'s outcome once ``src`` is done."""
+    def done(f: concurrent.futures.Future[Any]) -> None:
+        err = f.exception()
+        if err is not None:
+            dst.set_exception(err)
+        else:
+            dst.set_result(f.result())
+
+    src.add_done_callback(done)
+
+
 class Prefetch:
     """The first ranges of an item's data files, requested before their contents are located.
 
     ``files`` are ``(store index, data file key, size)`` from the directory listing (keys of
     ``stores[index]``, the databases' stores).  Ranges of up to :data:`MAX_SPAN` bytes start at
-    offset 0 of each file in turn, largest file first, until ``budget`` bytes are requested;
-    files under :data:`PREFETCH_MIN_FILE` bytes (B+tree nodes, mostly) are left to the plan.
-    Hand the object to :meth:`RemoteSource.run`, which gives each range the values it holds; a
-    range that holds none is dropped when it arrives.
+    offset 0 of each file in turn, largest file first, until ``budget`` bytes are requested
+    (the first alone, the others once it is in: :data:`PREFETCH_FIRST_ALONE`); files under
+    :data:`PREFETCH_MIN_FILE` bytes (B+tree nodes, mostly) are left to the plan.
+    Hand the object to :meth:`RemoteSource.run`, which gives each range the values it holds
+    (a value across two adjacent ranges is joined from both); a range that holds none is
+    dropped when it arrives.
     """
 
     def __init__(self, stores: Sequence[KvStore], files: Sequence[tuple[int, str, int]], budget: int | None = None):
@@ -179,6 +198,7 @@ class Prefetch:
         self.jobs: list[tuple[_Job, concurrent.futures.Future[Any]]] = []
         self.used = False
         held = 0
+        later: list[tuple[_Job, concurrent.futures.Future[Any]]] = []
         for si, fk, size in sorted(files, key=lambda f: (-f[2], f[0], f[1])):
             if size < PREFETCH_MIN_FILE:
                 continue
@@ -187,9 +207,25 @@ class Prefetch:
                 # full-size requests: they arrive while the B+tree is still being read
                 hi = min(size, lo + MAX_SPAN, lo + self.budget - held)
                 job = _Job(hi - lo, [(si, fk, lo, hi, [])])
-                self.jobs.append((job, _start_span(job, stores, self.pool)))
+                if not self.jobs or not PREFETCH_FIRST_ALONE:
+                    fut = _start_span(job, stores, self.pool)
+                else:
+                    fut = concurrent.futures.Future()
+                    later.append((job, fut))
+                self.jobs.append((job, fut))
                 held += hi - lo
                 lo = hi
+        if later:
+            # the first range alone, so that it arrives (and decoding starts) in a fraction of
+            # the time all of them take sharing the link; the others once it is in
+            def rest(_: Any) -> None:
+                for job, fut in later:
+                    try:
+                        _chain(_start_span(job, stores, self.pool), fut)
+                    except BaseException as e:  # noqa: BLE001 - the run loop raises it
+                        fut.set_exception(e)
+
+            self.jobs[0][1].add_done_callback(rest)
 
     @property
     def nbytes(self) -> int:
