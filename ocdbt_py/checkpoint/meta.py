@@ -12,7 +12,8 @@ import functools
 import json
 import math
 from collections.abc import Sequence
-from itertools import repeat
+from itertools import compress, repeat
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -161,7 +162,7 @@ def item_metadata(item: PyTreeItem, *, stored_sizes: bool | None = None) -> Any:
     """The :class:`LeafMetadata` tree of an opened PyTree item."""
     leaves = item.leaves
     arrays = [leaf for leaf in leaves if leaf.kind in (ARRAY, SCALAR)]
-    params = list(dict.fromkeys(item.data_param(leaf) for leaf in arrays))
+    params = list(dict.fromkeys(map(item.data_param, arrays)))
     rows: dict[str, tuple[Any, ...]] = {}
     sizes: dict[str, tuple[int, int]] = {}
     if params:
@@ -190,7 +191,10 @@ def item_metadata(item: PyTreeItem, *, stored_sizes: bool | None = None) -> Any:
             rows[p] = (s[0], s[1], s[2], s[3], stored, nstored, s[4], s[5], shardings.get(p) if shardings else None)
     ams = item.array_metadatas() if arrays else {}
     strings_needed = any(leaf.kind == STRING for leaf in leaves)
-    values = [_leaf_metadata(item, leaf, rows, ams, strings_needed) for leaf in leaves]
+    if ams:
+        values = [_leaf_metadata(item, leaf, rows, ams, strings_needed) for leaf in leaves]
+    else:
+        values = _leaf_metadatas(item, leaves, rows, strings_needed)
     return build_tree([(leaf.keys, v) for leaf, v in zip(leaves, values)])
 
 
@@ -211,7 +215,7 @@ def _scan_ocdbt(item: PyTreeItem, params: Sequence[str], *, want_sizes: bool
     for db in item.array_store.databases:
         for cols in db.entry_columns():
             keys = cols.keys
-            metas = [i for i, k in enumerate(keys) if k.endswith((b"/.zarray", b"/zarr.json"))]
+            metas = list(compress(range(len(keys)), map(bytes.endswith, keys, repeat((b"/.zarray", b"/zarr.json")))))
             if want_sizes:
                 _add_sizes(keys, cols.sizes, metas, ids, size_sum, count)
             # the other document first, then the preferred one, which replaces it
@@ -240,7 +244,8 @@ def _add_sizes(keys: list[bytes], sizes: list[int], metas: list[int], ids: dict[
     """Add each chunk value's size to its parameter's total (the metadata keys ``metas``
     and keys of no wanted parameter excluded)."""
     none = len(ids)
-    owner = np.fromiter(map(ids.get, [k.rpartition(b"/")[0] for k in keys], repeat(none)), np.int64, len(keys))
+    parents = map(itemgetter(0), map(bytes.rpartition, keys, repeat(b"/")))
+    owner = np.fromiter(map(ids.get, parents, repeat(none)), np.int64, len(keys))
     unowned = owner == none
     unowned[metas] = False
     owner[metas] = none
@@ -292,6 +297,24 @@ def _dir_sizes(item: PyTreeItem, params: Sequence[str], raws: dict[str, tuple[st
                 total += size
                 count += 1
         out[p] = (total, count)
+    return out
+
+
+def _leaf_metadatas(item: PyTreeItem, leaves: Sequence[Leaf], rows: dict[str, tuple[Any, ...]],
+                    strings: bool) -> list[LeafMetadata]:
+    """:func:`_leaf_metadata` of every leaf of an item without ``array_metadatas/``: one loop,
+    no call per array leaf."""
+    lm = LeafMetadata
+    out: list[LeafMetadata] = []
+    add = out.append
+    for leaf in leaves:
+        kind = leaf.kind
+        if kind in (ARRAY, SCALAR) and leaf.value is None:  # data under its own name
+            r = rows[leaf.param_name]
+            add(lm(leaf.param_name, leaf.path, kind, leaf.value_type, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7],
+                   leaf.write_shape, r[8]))
+        else:
+            add(_leaf_metadata(item, leaf, rows, {}, strings))
     return out
 
 
