@@ -10,8 +10,9 @@ dicts of 100 with ``ocdbt_py.checkpoint.save`` (the tree of ``bench/scaling.py``
 measures ``checkpoint.metadata()`` of it in fresh processes, the source trees of ``--trees``
 alternating round by round (default: this tree only), and reports per tree the best wall
 time, the main thread's CPU seconds of that call, and a split by phase (CPU seconds of each
-phase, measured in a separate run of the same process, by wrapping the phase functions: the
-wrappers cost a few microseconds per call, none of them is called per leaf).  The load
+phase, measured in a separate run, by wrapping the phase functions; a phase called inside
+another is subtracted from it; the wrappers cost a few microseconds per call, none of them is
+called per leaf).  The load
 average (``os.getloadavg()``) is recorded next to every figure.  Also ``restore()`` of the
 same checkpoint (``--restore``), which parses the same ``_METADATA``.
 """
@@ -48,30 +49,36 @@ _PHASES = {
                                          ("ocdbt_py.checkpoint.restore.item", "parse_tree_metadata"),
                                          ("ocdbt_py.checkpoint.restore.item", "parse_tree_metadata_bytes")],
     "open OCDBT (manifest, root)": [("ocdbt_py.checkpoint.restore.item", "open_array_store")],
+    "B+tree nodes (read, decode)": [("ocdbt_py.read.node_reader", "NodeReader.btree_node"),
+                                    ("ocdbt_py.read.node_reader", "NodeReader.btree_nodes")],
     "B+tree scan (zarr meta, sizes)": [("ocdbt_py.checkpoint.meta", "_scan_ocdbt")],
     "zarr summaries": [("ocdbt_py.checkpoint.meta", "summarize_zarr")],
     "nested tree": [("ocdbt_py.checkpoint.meta", "build_tree")],
+    "item_metadata itself (params, rows, a LeafMetadata per leaf)": [("ocdbt_py.checkpoint.meta", "item_metadata")],
+    "item open/close (listing, freeing the temporaries)": [("ocdbt_py.checkpoint.meta", "_item_meta")],
     "_sharding, array_metadatas": [("ocdbt_py.checkpoint.restore.item", "PyTreeItem.shardings"),
                                    ("ocdbt_py.checkpoint.restore.item", "PyTreeItem.array_metadatas")],
 }
 
 
-_active: list[str] = []
+_stack: list[list[float]] = []  # per active phase: [time spent in nested phases]
 
 
 def _wrap(acc: dict[str, float], phase: str, owner: Any, attr: str) -> None:
+    """Count the CPU time of ``owner.attr`` to ``phase``, less that of phases nested in it."""
     fn = getattr(owner, attr)
 
     def timed(*a: Any, **k: Any) -> Any:
-        if _active:  # inside another phase: counted there
-            return fn(*a, **k)
-        _active.append(phase)
+        _stack.append([0.0])
         t = time.thread_time()
         try:
             return fn(*a, **k)
         finally:
-            acc[phase] = acc.get(phase, 0.0) + time.thread_time() - t
-            _active.pop()
+            took = time.thread_time() - t
+            nested = _stack.pop()[0]
+            acc[phase] = acc.get(phase, 0.0) + took - nested
+            if _stack:
+                _stack[-1][0] += took
 
     setattr(owner, attr, timed)
 
@@ -180,7 +187,7 @@ def report(res: dict[str, dict[str, list[dict[str, Any]]]], split: dict[str, dic
     for n in names:
         print(f"| {n} | " + " | ".join(f"{s['phases'].get(n, 0.0):.3f}" for s in split.values()) + " |")
     rest = {t: s["cpu"] - sum(s["phases"].values()) for t, s in split.items()}
-    print("| everything else (per-leaf rows, LeafMetadata, item setup) | "
+    print("| everything else (metadata() itself, GC pause) | "
           + " | ".join(f"{v:.3f}" for v in rest.values()) + " |")
     print("| freeing the result | " + " | ".join(f"{s['free']:.3f}" for s in split.values()) + " |")
     print("| **total call (CPU s)** | " + " | ".join(f"{s['cpu']:.3f}" for s in split.values()) + " |")

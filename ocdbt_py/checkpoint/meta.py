@@ -163,32 +163,17 @@ def item_metadata(item: PyTreeItem, *, stored_sizes: bool | None = None) -> Any:
     leaves = item.leaves
     arrays = [leaf for leaf in leaves if leaf.kind in (ARRAY, SCALAR)]
     params = list(dict.fromkeys(map(item.data_param, arrays)))
-    rows: dict[str, tuple[Any, ...]] = {}
-    sizes: dict[str, tuple[int, int]] = {}
+    rows = _Rows()
     if params:
         store = item.array_store
         if store.databases:
-            raws, sizes = _scan_ocdbt(item, params, want_sizes=stored_sizes is not False)
+            raws, rows.sizes = _scan_ocdbt(item, params, want_sizes=stored_sizes is not False)
         else:
             raws = _fetch_metadata(item, params)
             if stored_sizes is True or (stored_sizes is None and _local_sizes(store.kv)):
-                sizes = _dir_sizes(item, params, raws)
-        shardings = item.shardings()
-        # per parameter, the LeafMetadata fields from the shape to the codecs, then the sharding
-        parsed: dict[tuple[str, bytes], tuple[Any, ...]] = {}
-        for p in params:
-            got = raws.get(p)
-            if got is None:
-                raise CorruptionError(f"no Zarr metadata (.zarray or zarr.json) for array {p!r}", path=store.kv.url)
-            s = parsed.get(got)
-            if s is None:
-                try:
-                    d = summarize_zarr(got[1], got[0] == "zarr.json")
-                except CorruptionError as e:
-                    raise CorruptionError(f"array {p!r}: {e.reason}", path=store.kv.url) from e
-                s = parsed[got] = (d["shape"], d["dtype"], d["chunks"], d["nbytes"], d["zarr_format"], d["codecs"])
-            stored, nstored = sizes.get(p, (None, None))
-            rows[p] = (s[0], s[1], s[2], s[3], stored, nstored, s[4], s[5], shardings.get(p) if shardings else None)
+                rows.sizes = _dir_sizes(item, params, raws)
+        rows.shardings = item.shardings()
+        rows.heads = _zarr_heads(params, raws, store.kv.url)
     ams = item.array_metadatas() if arrays else {}
     strings_needed = any(leaf.kind == STRING for leaf in leaves)
     if ams:
@@ -196,6 +181,44 @@ def item_metadata(item: PyTreeItem, *, stored_sizes: bool | None = None) -> Any:
     else:
         values = _leaf_metadatas(item, leaves, rows, strings_needed)
     return build_tree([(leaf.keys, v) for leaf, v in zip(leaves, values)])
+
+
+class _Rows:
+    """Per parameter: ``heads`` (shape, dtype, chunks, nbytes, zarr_format, codecs; one tuple
+    shared by the parameters of the same Zarr metadata), ``sizes`` (stored bytes, chunks
+    stored) and ``shardings``."""
+
+    __slots__ = ("heads", "sizes", "shardings")
+
+    def __init__(self) -> None:
+        self.heads: dict[str, tuple[Any, ...]] = {}
+        self.sizes: dict[str, tuple[int, int]] = {}
+        self.shardings: dict[str, Any] = {}
+
+    def row(self, p: str) -> tuple[Any, ...]:
+        """The :class:`LeafMetadata` fields of parameter ``p`` from the shape to the codecs,
+        then its sharding."""
+        h = self.heads[p]
+        stored, nstored = self.sizes.get(p, (None, None))
+        return h[0], h[1], h[2], h[3], stored, nstored, h[4], h[5], self.shardings.get(p)
+
+
+def _zarr_heads(params: Sequence[str], raws: dict[str, tuple[str, bytes]], url: str) -> dict[str, tuple[Any, ...]]:
+    """Each parameter's summary of its Zarr metadata document, each distinct document parsed once."""
+    docs = list(map(raws.get, params))
+    if None in docs:
+        p = params[docs.index(None)]
+        raise CorruptionError(f"no Zarr metadata (.zarray or zarr.json) for array {p!r}", path=url)
+    parsed: dict[Any, tuple[Any, ...]] = {}
+    for doc in dict.fromkeys(docs):
+        assert doc is not None
+        try:
+            d = summarize_zarr(doc[1], doc[0] == "zarr.json")
+        except CorruptionError as e:
+            p = params[docs.index(doc)]
+            raise CorruptionError(f"array {p!r}: {e.reason}", path=url) from e
+        parsed[doc] = (d["shape"], d["dtype"], d["chunks"], d["nbytes"], d["zarr_format"], d["codecs"])
+    return dict(zip(params, map(parsed.__getitem__, docs)))
 
 
 def _scan_ocdbt(item: PyTreeItem, params: Sequence[str], *, want_sizes: bool
@@ -300,30 +323,33 @@ def _dir_sizes(item: PyTreeItem, params: Sequence[str], raws: dict[str, tuple[st
     return out
 
 
-def _leaf_metadatas(item: PyTreeItem, leaves: Sequence[Leaf], rows: dict[str, tuple[Any, ...]],
-                    strings: bool) -> list[LeafMetadata]:
+def _leaf_metadatas(item: PyTreeItem, leaves: Sequence[Leaf], rows: _Rows, strings: bool) -> list[LeafMetadata]:
     """:func:`_leaf_metadata` of every leaf of an item without ``array_metadatas/``: one loop,
     no call per array leaf."""
     lm = LeafMetadata
+    heads, sizes, shardings = rows.heads, rows.sizes, rows.shardings
+    none2 = (None, None)
     out: list[LeafMetadata] = []
     add = out.append
     for leaf in leaves:
         kind = leaf.kind
         if kind in (ARRAY, SCALAR) and leaf.value is None:  # data under its own name
-            r = rows[leaf.param_name]
-            add(lm(leaf.param_name, leaf.path, kind, leaf.value_type, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7],
-                   leaf.write_shape, r[8]))
+            p = leaf.param_name
+            h = heads[p]
+            stored, nstored = sizes.get(p, none2)
+            add(lm(p, leaf.path, kind, leaf.value_type, h[0], h[1], h[2], h[3], stored, nstored, h[4], h[5],
+                   leaf.write_shape, shardings.get(p) if shardings else None))
         else:
             add(_leaf_metadata(item, leaf, rows, {}, strings))
     return out
 
 
-def _leaf_metadata(item: PyTreeItem, leaf: Leaf, rows: dict[str, tuple[Any, ...]],
+def _leaf_metadata(item: PyTreeItem, leaf: Leaf, rows: _Rows,
                    ams: dict[str, dict[str, Any]], strings: bool) -> LeafMetadata:
     kind = leaf.kind
     if kind in (ARRAY, SCALAR):
         p = item.data_param(leaf)
-        shape, dtype, chunks, nbytes, stored, nstored, zarr_format, codecs, sharding = rows[p]
+        shape, dtype, chunks, nbytes, stored, nstored, zarr_format, codecs, sharding = rows.row(p)
         md = LeafMetadata(leaf.param_name, leaf.path, kind, leaf.value_type, shape, dtype, chunks, nbytes, stored,
                           nstored, zarr_format, codecs, leaf.write_shape, sharding)
         am = ams.get(p) if ams else None
