@@ -247,7 +247,11 @@ def _scan_ocdbt(item: PyTreeItem, params: Sequence[str], *, want_sizes: bool
                 idx = [i for i in metas if (keys[i][-1] == 0x79) is v2]  # 'y'
                 found = zip(idx, map(ids.get, [keys[i][:-cut] for i in idx]))
                 sel = [(i, params[j]) for i, j in found if j is not None and (name == prefer or params[j] not in raws)]
-                for (_, p), inline in zip(sel, cols.inline([i for i, _ in sel])):
+                got = cols.inline([i for i, _ in sel])
+                if None not in got:  # all inline (the usual case): no Python loop
+                    raws.update(zip([p for _, p in sel], zip(repeat(name), got)))
+                    continue
+                for (_, p), inline in zip(sel, got):
                     if inline is not None:
                         raws[p] = (name, inline)
                     else:
