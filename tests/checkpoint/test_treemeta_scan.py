@@ -304,3 +304,25 @@ def test_our_checkpoint_same_metadata(tmp_path: Path, monkeypatch: pytest.Monkey
     fast = _md_fields(checkpoint.metadata(tmp_path / "ck"))
     _generic_only(monkeypatch)
     assert _md_fields(checkpoint.metadata(tmp_path / "ck")) == fast
+
+
+@pytest.mark.parametrize("text", [
+    # a long key list that fails at its very end (trailing comma): no backtracking blow-up
+    '{"tree_metadata": {"' + "a" * 2_000_000 + '": {"key_metadata": ['
+    + '{"key": "a", "key_type": 2}, ' * 200_000 + "]",
+    # long strings of escapes, unterminated
+    '{"tree_metadata": {"x": {"key_metadata": [{"key": "' + "\\\\" * 1_000_000 + "\\",
+    # many regular entries, then one whose write_shape has a 66-digit integer
+    REGULAR.decode().replace('{"tree_metadata": {', '{"tree_metadata": {' + "".join(
+        f'"e{i}": ' + json.dumps(entry([(f"e{i}", 2)])[1]) + ", " for i in range(20_000)), 1).replace(
+        '"write_shape": [2, 8]', '"write_shape": [2, ' + "9" * 66 + "]"),
+])
+def test_hostile_documents_are_linear_and_match_the_generic_path(text: str) -> None:
+    import time
+
+    data = text.encode("utf-8")
+    t = time.process_time()
+    got = outcome(parse_tree_metadata_bytes, data)
+    assert time.process_time() - t < 10
+    assert got == outcome(generic, data)
+    assert got[0] == "error"
