@@ -323,6 +323,8 @@ def _scan_leaves(groups: list[Any], escapes: bool) -> list[Leaf] | None:
     for _, ktext, vt, ws in groups:
         pieces = ktext[1:-1].split("}, {")
         keys: tuple[Any, ...] = tuple(map(cget, pieces))
+        if len(keys) > _MAX_DEPTH:
+            return None  # the generic path refuses it
         if None in keys:
             got = _scan_keys(ktext, pieces, cache)
             if got is None:

@@ -137,7 +137,8 @@ def test_repeated_names_go_to_the_generic_path() -> None:
 
 def test_too_many_keys_and_malformed_input_raise_corruption() -> None:
     many = dumps([entry([("k", 2)] * 1001)])
-    for data in (many, b"\xff\xfe", b"", b"[]", REGULAR[:100], b'{"tree_metadata": 1}'):
+    many_cached = dumps([entry([("k", 2)]), entry([("k", 2)] * 1001)])  # every key piece seen before
+    for data in (many, many_cached, b"\xff\xfe", b"", b"[]", REGULAR[:100], b'{"tree_metadata": 1}'):
         with pytest.raises(CorruptionError):
             parse_tree_metadata_bytes(data)
 
