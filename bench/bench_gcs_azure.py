@@ -25,6 +25,9 @@ Checkpoints (written once by Orbax via ``bench/bench_restore.py``'s maker, the s
 Each run is a fresh subprocess; the sides alternate (who goes first flips each round); best of
 ``--repeat`` and the median of the back-to-back pair ratios.  Target: ours <= 0.7x.  The
 emulators are single processes sharing the machine's cores with the clients: quote ratios.
+Each run also records the emulator's CPU time (its process tree, from ``/proc``), and the table
+gives two derived ratios: the CPU-floor ratio ((client + emulator CPU) ours / peer: the wall
+ratio when both sides keep the cores busy) and the client-CPU ratio (the emulator elsewhere).
 """
 
 from __future__ import annotations
