@@ -155,7 +155,10 @@ def _copy_shared(plans: Mapping[str, Any], workers: int, reuse: bool) -> np.ndar
             where.extend((plan, i) for i, shared in enumerate(plan.shared) if shared)
     if not where:
         return None
-    copies, arena = copy_arrays([plan.jobs[i][2] for plan, i in where], workers, reuse=reuse)
+    # one copy thread per core, at most 4: the copy is memory-bound (2 threads saturate this
+    # 2-core VM, 4 on it measured 1 ms slower per 304 MiB: bench/notes/i20-cont.md)
+    copiers = min(workers, os.cpu_count() or 1, 4)
+    copies, arena = copy_arrays([plan.jobs[i][2] for plan, i in where], copiers, reuse=reuse)
     for (plan, i), data in zip(where, copies):
         spec, origin, _ = plan.jobs[i]
         plan.jobs[i] = (spec, origin, data)
@@ -374,10 +377,7 @@ def save(
             raise ValueError(f"handler must be 'standard' or 'pytree', not {h!r}")
     plans = _make_plans(tree, composite, coord, opts, handler, pytree_custom_metadata)
 
-    # one copy thread per core: the copy is memory-bound (2 threads saturate this 2-core VM; 4
-    # on 2 cores measured 1 ms slower per 304 MiB, bench/notes/i20-cont.md)
-    copiers = min(opts.workers, os.cpu_count() or 1, 4)
-    arena = _copy_shared(plans, copiers, keep_copy_buffer) if opts.copy else None
+    arena = _copy_shared(plans, opts.workers, keep_copy_buffer) if opts.copy else None
     dest = open_destination(path, storage_options)
     init_ns = time.time_ns()
 
