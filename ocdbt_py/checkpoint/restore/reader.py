@@ -35,7 +35,7 @@ import numpy as np
 
 from ocdbt_py.checkpoint.restore.gcpause import paused_gc
 from ocdbt_py.checkpoint.restore.localread import LocalSource, local_root
-from ocdbt_py.checkpoint.restore.pages import small_pages
+from ocdbt_py.checkpoint.restore.pages import HUGE_MIN, output_pages
 from ocdbt_py.checkpoint.restore.remoteread import Prefetch, RemoteSource
 from ocdbt_py.checkpoint.restore.storage import ArrayStore
 from ocdbt_py.errors import CorruptionError
@@ -392,7 +392,7 @@ class ArrayReader:
     def _decode_single(self, batch: list[tuple[str, Any]], keys: list[str], datas: list[Any],
                        done: Callable[[int], None] | None = None) -> Iterator[tuple[str, np.ndarray]]:
         """Decode arrays of exactly one chunk straight into their outputs, on the worker pool."""
-        with small_pages():
+        with output_pages(sum(n for _, m in batch if (n := _nbytes(m)) >= HUGE_MIN)):
             outs: list[np.ndarray] = [empty(m.shape, m.data_type.dtype, f"restoring array {p!r}")
                                       for p, m in batch]
         for (p, _), key, raw in zip(batch, keys, datas):
@@ -453,8 +453,10 @@ class ArrayReader:
         one bounded pipeline.  ``start`` and ``stop`` must fall on chunk boundaries (or the
         array's end), so that every chunk is decoded once, straight into its output."""
         # many small objects, all alive until the end: nothing for the collector to find; and
-        # outputs on ordinary pages (see .pages)
-        with paused_gc(), small_pages():
+        # outputs on huge pages where the kernel has them free, else ordinary pages (see .pages)
+        metas = self.metadata_many([p for p, _, _ in requests])
+        big = sum(n for m in metas if (n := _nbytes(m)) >= HUGE_MIN)
+        with paused_gc(), output_pages(big):
             return self._read_rows(requests)
 
     def _read_rows(self, requests: Sequence[tuple[str, int | None, int | None]]
