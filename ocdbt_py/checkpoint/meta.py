@@ -12,7 +12,8 @@ import functools
 import json
 import math
 from collections.abc import Sequence
-from itertools import repeat
+from itertools import compress, repeat
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -161,37 +162,63 @@ def item_metadata(item: PyTreeItem, *, stored_sizes: bool | None = None) -> Any:
     """The :class:`LeafMetadata` tree of an opened PyTree item."""
     leaves = item.leaves
     arrays = [leaf for leaf in leaves if leaf.kind in (ARRAY, SCALAR)]
-    params = list(dict.fromkeys(item.data_param(leaf) for leaf in arrays))
-    rows: dict[str, tuple[Any, ...]] = {}
-    sizes: dict[str, tuple[int, int]] = {}
+    params = list(dict.fromkeys(map(item.data_param, arrays)))
+    rows = _Rows()
     if params:
         store = item.array_store
         if store.databases:
-            raws, sizes = _scan_ocdbt(item, params, want_sizes=stored_sizes is not False)
+            raws, rows.sizes = _scan_ocdbt(item, params, want_sizes=stored_sizes is not False)
         else:
             raws = _fetch_metadata(item, params)
             if stored_sizes is True or (stored_sizes is None and _local_sizes(store.kv)):
-                sizes = _dir_sizes(item, params, raws)
-        shardings = item.shardings()
-        # per parameter, the LeafMetadata fields from the shape to the codecs, then the sharding
-        parsed: dict[tuple[str, bytes], tuple[Any, ...]] = {}
-        for p in params:
-            got = raws.get(p)
-            if got is None:
-                raise CorruptionError(f"no Zarr metadata (.zarray or zarr.json) for array {p!r}", path=store.kv.url)
-            s = parsed.get(got)
-            if s is None:
-                try:
-                    d = summarize_zarr(got[1], got[0] == "zarr.json")
-                except CorruptionError as e:
-                    raise CorruptionError(f"array {p!r}: {e.reason}", path=store.kv.url) from e
-                s = parsed[got] = (d["shape"], d["dtype"], d["chunks"], d["nbytes"], d["zarr_format"], d["codecs"])
-            stored, nstored = sizes.get(p, (None, None))
-            rows[p] = (s[0], s[1], s[2], s[3], stored, nstored, s[4], s[5], shardings.get(p) if shardings else None)
+                rows.sizes = _dir_sizes(item, params, raws)
+        rows.shardings = item.shardings()
+        rows.heads = _zarr_heads(params, raws, store.kv.url)
     ams = item.array_metadatas() if arrays else {}
     strings_needed = any(leaf.kind == STRING for leaf in leaves)
-    values = [_leaf_metadata(item, leaf, rows, ams, strings_needed) for leaf in leaves]
+    if ams:
+        values = [_leaf_metadata(item, leaf, rows, ams, strings_needed) for leaf in leaves]
+    else:
+        values = _leaf_metadatas(item, leaves, rows, strings_needed)
     return build_tree([(leaf.keys, v) for leaf, v in zip(leaves, values)])
+
+
+class _Rows:
+    """Per parameter: ``heads`` (shape, dtype, chunks, nbytes, zarr_format, codecs; one tuple
+    shared by the parameters of the same Zarr metadata), ``sizes`` (stored bytes, chunks
+    stored) and ``shardings``."""
+
+    __slots__ = ("heads", "sizes", "shardings")
+
+    def __init__(self) -> None:
+        self.heads: dict[str, tuple[Any, ...]] = {}
+        self.sizes: dict[str, tuple[int, int]] = {}
+        self.shardings: dict[str, Any] = {}
+
+    def row(self, p: str) -> tuple[Any, ...]:
+        """The :class:`LeafMetadata` fields of parameter ``p`` from the shape to the codecs,
+        then its sharding."""
+        h = self.heads[p]
+        stored, nstored = self.sizes.get(p, (None, None))
+        return h[0], h[1], h[2], h[3], stored, nstored, h[4], h[5], self.shardings.get(p)
+
+
+def _zarr_heads(params: Sequence[str], raws: dict[str, tuple[str, bytes]], url: str) -> dict[str, tuple[Any, ...]]:
+    """Each parameter's summary of its Zarr metadata document, each distinct document parsed once."""
+    docs = list(map(raws.get, params))
+    if None in docs:
+        p = params[docs.index(None)]
+        raise CorruptionError(f"no Zarr metadata (.zarray or zarr.json) for array {p!r}", path=url)
+    parsed: dict[Any, tuple[Any, ...]] = {}
+    for doc in dict.fromkeys(docs):
+        assert doc is not None
+        try:
+            d = summarize_zarr(doc[1], doc[0] == "zarr.json")
+        except CorruptionError as e:
+            p = params[docs.index(doc)]
+            raise CorruptionError(f"array {p!r}: {e.reason}", path=url) from e
+        parsed[doc] = (d["shape"], d["dtype"], d["chunks"], d["nbytes"], d["zarr_format"], d["codecs"])
+    return dict(zip(params, map(parsed.__getitem__, docs)))
 
 
 def _scan_ocdbt(item: PyTreeItem, params: Sequence[str], *, want_sizes: bool
@@ -211,7 +238,7 @@ def _scan_ocdbt(item: PyTreeItem, params: Sequence[str], *, want_sizes: bool
     for db in item.array_store.databases:
         for cols in db.entry_columns():
             keys = cols.keys
-            metas = [i for i, k in enumerate(keys) if k.endswith((b"/.zarray", b"/zarr.json"))]
+            metas = list(compress(range(len(keys)), map(bytes.endswith, keys, repeat((b"/.zarray", b"/zarr.json")))))
             if want_sizes:
                 _add_sizes(keys, cols.sizes, metas, ids, size_sum, count)
             # the other document first, then the preferred one, which replaces it
@@ -220,7 +247,11 @@ def _scan_ocdbt(item: PyTreeItem, params: Sequence[str], *, want_sizes: bool
                 idx = [i for i in metas if (keys[i][-1] == 0x79) is v2]  # 'y'
                 found = zip(idx, map(ids.get, [keys[i][:-cut] for i in idx]))
                 sel = [(i, params[j]) for i, j in found if j is not None and (name == prefer or params[j] not in raws)]
-                for (_, p), inline in zip(sel, cols.inline([i for i, _ in sel])):
+                got = cols.inline([i for i, _ in sel])
+                if None not in got:  # all inline (the usual case): no Python loop
+                    raws.update(zip([p for _, p in sel], zip(repeat(name), got)))
+                    continue
+                for (_, p), inline in zip(sel, got):
                     if inline is not None:
                         raws[p] = (name, inline)
                     else:
@@ -240,7 +271,8 @@ def _add_sizes(keys: list[bytes], sizes: list[int], metas: list[int], ids: dict[
     """Add each chunk value's size to its parameter's total (the metadata keys ``metas``
     and keys of no wanted parameter excluded)."""
     none = len(ids)
-    owner = np.fromiter(map(ids.get, [k.rpartition(b"/")[0] for k in keys], repeat(none)), np.int64, len(keys))
+    parents = map(itemgetter(0), map(bytes.rpartition, keys, repeat(b"/")))
+    owner = np.fromiter(map(ids.get, parents, repeat(none)), np.int64, len(keys))
     unowned = owner == none
     unowned[metas] = False
     owner[metas] = none
@@ -295,12 +327,33 @@ def _dir_sizes(item: PyTreeItem, params: Sequence[str], raws: dict[str, tuple[st
     return out
 
 
-def _leaf_metadata(item: PyTreeItem, leaf: Leaf, rows: dict[str, tuple[Any, ...]],
+def _leaf_metadatas(item: PyTreeItem, leaves: Sequence[Leaf], rows: _Rows, strings: bool) -> list[LeafMetadata]:
+    """:func:`_leaf_metadata` of every leaf of an item without ``array_metadatas/``: one loop,
+    no call per array leaf."""
+    lm = LeafMetadata
+    heads, sizes, shardings = rows.heads, rows.sizes, rows.shardings
+    none2 = (None, None)
+    out: list[LeafMetadata] = []
+    add = out.append
+    for leaf in leaves:
+        kind = leaf.kind
+        if kind in (ARRAY, SCALAR) and leaf.value is None:  # data under its own name
+            p = leaf.param_name
+            h = heads[p]
+            stored, nstored = sizes.get(p, none2)
+            add(lm(p, leaf.path, kind, leaf.value_type, h[0], h[1], h[2], h[3], stored, nstored, h[4], h[5],
+                   leaf.write_shape, shardings.get(p) if shardings else None))
+        else:
+            add(_leaf_metadata(item, leaf, rows, {}, strings))
+    return out
+
+
+def _leaf_metadata(item: PyTreeItem, leaf: Leaf, rows: _Rows,
                    ams: dict[str, dict[str, Any]], strings: bool) -> LeafMetadata:
     kind = leaf.kind
     if kind in (ARRAY, SCALAR):
         p = item.data_param(leaf)
-        shape, dtype, chunks, nbytes, stored, nstored, zarr_format, codecs, sharding = rows[p]
+        shape, dtype, chunks, nbytes, stored, nstored, zarr_format, codecs, sharding = rows.row(p)
         md = LeafMetadata(leaf.param_name, leaf.path, kind, leaf.value_type, shape, dtype, chunks, nbytes, stored,
                           nstored, zarr_format, codecs, leaf.write_shape, sharding)
         am = ams.get(p) if ams else None

@@ -8,9 +8,13 @@ describes its value (``value_type``, ``skip_deserialize``, optional ``write_shap
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from typing import Any
 
+from ocdbt_py.checkpoint.jsonio import parse_json
 from ocdbt_py.errors import CorruptionError
+from zarr3._json import parse as parse_json_text
 
 __all__ = [
     "KEY_SEQUENCE",
@@ -24,6 +28,8 @@ __all__ = [
     "INLINE",
     "TreeMetadata",
     "parse_tree_metadata",
+    "parse_tree_metadata_bytes",
+    "scan_tree_metadata",
     "EMPTY_VALUE_TYPES",
     "empty_value",
 ]
@@ -145,7 +151,7 @@ def _parse_entry(name: str, raw: Any, pairs: dict[tuple[str, int], tuple[str, in
             if type(n) is not str or type(t) is not int:
                 raise TypeError(f"malformed key {k!r}")
             if t != KEY_DICT:
-                if t != KEY_SEQUENCE or not n.isdigit():
+                if t != KEY_SEQUENCE or not n.isdecimal():  # what int() accepts
                     raise TypeError(f"key {n!r} has key_type {t!r}")
                 seq = True
             names.append(n)
@@ -167,7 +173,11 @@ def parse_tree_metadata(doc: Any) -> TreeMetadata:
     if not isinstance(doc, dict) or not isinstance(doc.get("tree_metadata"), dict):
         raise _bad("no tree_metadata object")
     pairs: dict[tuple[str, int], tuple[str, int]] = {}
-    leaves = [_parse_entry(k, v, pairs) for k, v in doc["tree_metadata"].items()]
+    return _finish([_parse_entry(k, v, pairs) for k, v in doc["tree_metadata"].items()], doc)
+
+
+def _finish(leaves: list[Leaf], doc: dict[str, Any]) -> TreeMetadata:
+    """The :class:`TreeMetadata` of the parsed entries and the document's other members."""
     # An empty-container placeholder followed later by descendants (partial saves): drop the
     # placeholder, as Orbax does.
     empties = {e.keys for e in leaves if e.value_type in EMPTY_VALUE_TYPES}
@@ -184,3 +194,147 @@ def parse_tree_metadata(doc: Any) -> TreeMetadata:
         custom_metadata=doc.get("custom_metadata"),
         has_rich_value_tree=isinstance(doc.get("value_metadata_tree"), str),
     )
+
+
+def parse_tree_metadata_bytes(data: bytes, *, what: str = "_METADATA") -> TreeMetadata:
+    """Parse the bytes of ``_METADATA``: the regular shape Orbax and ocdbt-py write by
+    :func:`scan_tree_metadata`, anything else by the bounded generic JSON parser and
+    :func:`parse_tree_metadata` (the same result either way; errors come from the generic
+    path only: :class:`CorruptionError`)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    tm = scan_tree_metadata(text) if text is not None else None
+    if tm is not None:
+        return tm
+    return parse_tree_metadata(parse_json(data, what=what))
+
+
+# -- the specialised scanner ----------------------------------------------------------------------
+#
+# ``json.dumps`` of Orbax's (and our) ``_METADATA``: ``{"tree_metadata": {ENTRY, ENTRY, ...}, REST}``
+# with every ENTRY ``"NAME": {"key_metadata": [{"key": "K", "key_type": 2}, ...], "value_metadata":
+# {"value_type": "T", "skip_deserialize": false[, "write_shape": [1, 2]]}}``.  One anchored regex
+# match an entry (no Python per JSON value); anything else, however valid, makes the scanner give
+# up and the generic parser takes the whole document.  Strings: JSON string bodies without raw
+# control characters (escapes decoded by the JSON parser, and only where a backslash is present);
+# integers: as the bounded parser accepts them (no leading zeros, at most 65 characters).
+
+_STR = r'[^"\\\x00-\x1f]*(?:\\.[^"\\\x00-\x1f]*)*'
+_INT = r"(?:0|[1-9][0-9]{0,64})"
+_KEY = r'\{"key": "' + _STR + r'", "key_type": [12]\}'
+_ENTRY = re.compile(
+    r'"(' + _STR + r')": \{"key_metadata": \[(' + _KEY + r"(?:, " + _KEY + r")*)\], "
+    r'"value_metadata": \{"value_type": "(' + _STR + r')", "skip_deserialize": (?:true|false)'
+    r'(?:, "write_shape": (\[(?:' + _INT + r"(?:, " + _INT + r")*)?\]))?\}\}(?:, (?=\")|(?=\}))")
+_PIECE = re.compile(r'"key": "(' + _STR + r')", "key_type": ([12])')
+_PIECES = re.compile(r'\{("key": "' + _STR + r'", "key_type": [12])\}')
+_HEAD = '{"tree_metadata": {'
+_WS = " \t\n\r"
+
+
+def _unescape(s: str) -> str:
+    """The value of a JSON string body (``ValueError`` if an escape is invalid)."""
+    return s if "\\" not in s else json.loads(f'"{s}"')
+
+
+def _scan_keys(ktext: str, pieces: list[str], cache: dict[str, tuple[str, int]]
+               ) -> tuple[tuple[str, int], ...] | None:
+    """The ``(name, key_type)`` pairs of one entry's ``key_metadata`` (``ktext``, split into
+    ``"key": "K", "key_type": T`` pieces), interned through ``cache``; ``None`` if one is not
+    regular."""
+    if not all(map(_PIECE.fullmatch, pieces)):
+        pieces = _PIECES.findall(ktext)  # a key holds "}, {": the split cut through it
+    if len(pieces) > _MAX_DEPTH:
+        return None
+    out = []
+    for p in pieces:
+        pair = cache.get(p)
+        if pair is None:
+            m = _PIECE.fullmatch(p)
+            if m is None:
+                return None
+            name = _unescape(m.group(1))
+            t = int(m.group(2))
+            if t == KEY_SEQUENCE and not name.isdecimal():
+                return None
+            pair = cache[p] = (name, t)
+        out.append(pair)
+    return tuple(out)
+
+
+def _scan_rest(text: str, end: int) -> dict[str, Any] | None:
+    """The members after ``tree_metadata`` (from ``text[end:]``, just past its closing brace)
+    as a dict, by the bounded parser; ``None`` unless they are well-formed and do not repeat
+    ``tree_metadata``."""
+    tail = text[end:].lstrip(_WS)
+    if tail.startswith(","):
+        if not tail[1:].lstrip(_WS).startswith('"'):
+            return None
+        rest = "{" + tail[1:]
+    elif tail.startswith("}"):
+        rest = "{" + tail
+    else:
+        return None
+    try:
+        doc = parse_json_text(rest, allow_nan=True)
+    except ValueError:
+        return None
+    return None if not isinstance(doc, dict) or "tree_metadata" in doc else doc
+
+
+def scan_tree_metadata(text: str) -> TreeMetadata | None:
+    """``_METADATA`` in its regular shape, parsed straight into leaves; ``None`` for anything
+    else (the caller then parses it generically), never an error.  The result is the same as
+    :func:`parse_tree_metadata` of the parsed JSON."""
+    if not text.startswith(_HEAD):
+        return None
+    pos = len(_HEAD)
+    # each scanner.match() starts where the previous match ended (anchored, in C)
+    matches = list(iter(_ENTRY.scanner(text, pos).match, None))  # type: ignore[attr-defined]
+    if matches:
+        pos = matches[-1].end()
+    if not text.startswith("}", pos):
+        return None
+    doc = _scan_rest(text, pos + 1)
+    if doc is None:
+        return None
+    try:
+        leaves = _scan_leaves([m.groups() for m in matches], "\\" in text)
+    except ValueError:  # a bad escape: the generic parser reports it
+        return None
+    return None if leaves is None else _finish(leaves, doc)
+
+
+def _scan_leaves(groups: list[Any], escapes: bool) -> list[Leaf] | None:
+    """Leaves of the matched entries (``(name, key_metadata text, value_type, write_shape
+    text)`` each); ``None`` if one is irregular or a name repeats.  ``escapes``: whether the
+    text holds a backslash at all."""
+    names_raw = [g[0] for g in groups]
+    uniq = set(names_raw)
+    if len(uniq) != len(names_raw) or (escapes and len({_unescape(n) for n in uniq}) != len(names_raw)):
+        return None  # repeated names: the generic parser keeps the last of each, in first place
+    cache: dict[str, tuple[str, int]] = {}
+    cget = cache.get
+    vts: dict[str, tuple[str, str]] = {}
+    leaves: list[Leaf] = []
+    add = leaves.append
+    for _, ktext, vt, ws in groups:
+        pieces = ktext[1:-1].split("}, {")
+        keys: tuple[Any, ...] = tuple(map(cget, pieces))
+        if len(keys) > _MAX_DEPTH:
+            return None  # the generic path refuses it
+        if None in keys:
+            got = _scan_keys(ktext, pieces, cache)
+            if got is None:
+                return None
+            keys = got
+        tk = vts.get(vt)
+        if tk is None:
+            v = _unescape(vt)
+            tk = vts[vt] = (v, _KINDS.get(v, ARRAY))
+        write_shape = None if ws is None else tuple(map(int, ws[1:-1].split(", "))) if len(ws) > 2 else ()
+        add(Leaf(keys, tk[1], tk[0], write_shape, empty_value(tk[0]) if tk[1] == EMPTY else None,
+                 names=tuple([k for k, _ in keys]), seq='"key_type": 1}' in ktext))
+    return leaves

@@ -204,11 +204,15 @@ class _LeafValues(Sequence[Union[bytes, IndirectDataReference]]):
             assert built is not None
             return [v if isinstance(v, bytes) else None for v in (built[i] for i in indices)]
         lengths = np.asarray(self._lengths, dtype=np.int64)
-        inline = np.where(np.frombuffer(self._kinds, dtype=np.uint8) == 0, lengths, 0)
-        starts = (np.cumsum(inline) - inline + self._start).tolist()
-        kinds = self._kinds
-        lens = _as_list(self._lengths)
-        return [None if kinds[i] else bytes(data[starts[i] : starts[i] + lens[i]]) for i in indices]
+        kinds = np.frombuffer(self._kinds, dtype=np.uint8)
+        inline = np.where(kinds == 0, lengths, 0)
+        starts = np.cumsum(inline) - inline + self._start
+        ix = np.asarray(indices, dtype=np.intp)
+        lo = starts[ix]
+        cut = zip(kinds[ix].tolist(), lo.tolist(), (lo + lengths[ix]).tolist())
+        if isinstance(data, bytes):  # a slice of bytes is bytes: one copy
+            return [None if k else data[a:b] for k, a, b in cut]
+        return [None if k else bytes(data[a:b]) for k, a, b in cut]
 
     def __len__(self) -> int:
         return len(self._lengths)

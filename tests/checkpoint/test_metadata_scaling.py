@@ -40,6 +40,8 @@ def test_metadata_of_100k_leaves_takes_no_per_leaf_requests(tmp_path: Path) -> N
     assert big["last"][0] == [1]
     # and the same answer through the counting store as from the local directory
     assert big["same_as_local"] and small["same_as_local"]
+    # _METADATA read by the specialised scanner, every LeafMetadata field as from the generic parser
+    assert big["scanner_taken"] and big["scanner_same"] and big["leaves"] == 100_000, big
 
 
 @pytest.fixture(scope="module")

@@ -257,3 +257,28 @@ def test_numpy_targets_and_subtree_selection(orbax_corpus: Corpus) -> None:
         checkpoint.restore(p, {"params": {"nope": np.zeros(1)}})
     with pytest.raises(ValueError, match="shape"):
         checkpoint.restore(p, {"params": {"embed": np.zeros((4, 32), np.float32)}})
+
+
+def test_metadata_scanner_agrees_with_generic_parser(orbax_corpus: Corpus) -> None:
+    """Every ``_METADATA`` Orbax wrote: the specialised scanner gives the same TreeMetadata as
+    the generic JSON parser (or declines), and takes the regular ones."""
+    from ocdbt_py.checkpoint.jsonio import parse_json
+    from ocdbt_py.checkpoint.treemeta import Leaf, parse_tree_metadata, scan_tree_metadata
+
+    def fields(tm: Any) -> Any:
+        return ([tuple(repr(getattr(x, s)) for s in Leaf.__slots__) for x in tm.leaves], tm.use_ocdbt, tm.use_zarr3,
+                tm.store_array_data_equal_to_fill_value, repr(tm.custom_metadata), tm.has_rich_value_tree)
+
+    files = sorted(orbax_corpus.root.rglob("_METADATA"))
+    taken = 0
+    for f in files:
+        raw = f.read_bytes()
+        try:
+            slow = fields(parse_tree_metadata(parse_json(raw, what=str(f))))
+        except CorruptionError:
+            slow = None
+        fast = scan_tree_metadata(raw.decode("utf-8", "replace"))
+        if fast is not None:
+            taken += 1
+            assert fields(fast) == slow, f
+    assert files and taken >= len(files) * 0.9, (taken, len(files))

@@ -33,7 +33,7 @@ from ocdbt_py.checkpoint.treemeta import (
     Leaf,
     TreeMetadata,
     empty_value,
-    parse_tree_metadata,
+    parse_tree_metadata_bytes,
 )
 from ocdbt_py.errors import CorruptionError, NotFoundError, OcdbtError, UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
@@ -68,9 +68,9 @@ class PyTreeItem:
                 self._store = None  # reported when the arrays are read, as for other stores
             if prefetch and self._store is not None:
                 self._prefetch = start_prefetch(self._store, self.listing.sizes)
-        doc = read_json(kv, "_METADATA") if "_METADATA" in self.listing.files else None
-        if doc is not None:
-            self.tree_metadata = parse_tree_metadata(doc)
+        raw = read_bytes(kv, "_METADATA") if "_METADATA" in self.listing.files else None
+        if raw is not None:
+            self.tree_metadata = parse_tree_metadata_bytes(raw, what=f"{kv.url.rstrip('/')}/_METADATA")
         self._reader: ArrayReader | None = None
         self._strings: Any = None
         self._array_metadatas: dict[str, dict[str, Any]] | None = None
