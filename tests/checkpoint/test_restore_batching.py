@@ -318,7 +318,8 @@ def test_huge_pages_free_counts_free_2mib_blocks(monkeypatch: pytest.MonkeyPatch
     (1000, "always defer defer+madvise [madvise] never", 256 << 20, True),   # 2000 MiB free >= 2 x 256
     (200, "always defer defer+madvise [madvise] never", 256 << 20, False),   # 400 MiB free: could compact
     (0, "always defer defer+madvise madvise [never]", 256 << 20, True),      # faults never compact
-    (0, "always [defer] defer+madvise madvise never", 1 << 30, True),
+    (0, "always [defer] defer+madvise madvise never", 512 << 20, True),
+    (10000, "always defer defer+madvise madvise [never]", 1 << 30, False),   # above HUGE_MAX
     (1000, "always defer defer+madvise [madvise] never", 1 << 20, False),    # NumPy asks nothing below 4 MiB
 ])
 def test_output_pages_chooses_huge_pages_only_when_they_cannot_stall(
