@@ -1,23 +1,22 @@
-"""Choosing the page size of restore outputs: huge pages when the kernel has them free.
+"""Choosing the page size of restore outputs: ordinary pages unless asked otherwise.
 
 A restore writes every byte of its outputs exactly once, and the first touch of fresh memory
-costs a page fault per page: with ordinary 4 KiB pages that was ~0.5 s per GiB on the
-development VM (a third of a 64 MiB chunk's decode time), with transparent huge pages (THP,
-2 MiB) ~0.13 s per GiB, *when the kernel has free 2 MiB blocks*.  When it has none and its THP
-``defrag`` mode is ``madvise`` (common on cloud VMs), the faulting thread compacts memory
-first: filling a fresh GiB then took anywhere from 0.2 s to 4 s.
+costs a page fault per page: with ordinary 4 KiB pages ~0.5 s per GiB on the development VM
+(a third of a 64 MiB chunk's decode time), with transparent huge pages (THP, 2 MiB) ~0.13 s
+per GiB *when the 2 MiB blocks the kernel hands out are warm*.  NumPy asks for THP
+(``madvise(MADV_HUGEPAGE)``) on every allocation of 4 MiB or more, and on this VM that is a
+gamble: with THP ``defrag`` ``madvise`` the faulting thread compacts memory when no block is
+free, and free blocks are often memory the VM's host has not backed yet (a Firecracker guest),
+whose first touch costs more than the faults saved.  Measured in fresh processes (the
+benchmark's own worker), alternating with ordinary pages, within a few minutes of each other:
+256 MiB in 4 arrays 0.138-0.141 s vs 0.180-0.204 s in one run, 0.28-0.63 s vs 0.18-0.34 s in
+the next; 1 GiB in 8 arrays 0.84-0.89 s vs 0.70-0.73 s.  So outputs get ordinary pages by default.
 
-NumPy asks for THP (``madvise(MADV_HUGEPAGE)``) on every allocation of 4 MiB or more.
-:func:`output_pages` keeps that request only when it cannot stall: the kernel's THP defrag
-mode never compacts on a fault, or ``/proc/buddyinfo`` shows free 2 MiB blocks for at least
-twice the bytes about to be allocated; otherwise outputs get ordinary pages.
-Only restores of at most :data:`HUGE_MAX` bytes of such outputs use them: free 2 MiB blocks
-beyond the few recently freed ones are often memory the VM's host has not backed yet (this
-development VM is a Firecracker guest), and their first touch then costs more than the 4 KiB
-faults it saves.  Measured in fresh processes, alternating, on that VM: 256 MiB in 4 arrays
-0.138-0.141 s with huge pages vs 0.180-0.204 s (4 of 5 rounds; one cold round 0.379 s),
-but 1 GiB in 8 arrays 0.84-0.89 s vs 0.70-0.73 s.
-``OCDBT_PY_HUGEPAGES=1`` always keeps NumPy's default, ``=0`` always uses ordinary pages.
+``OCDBT_PY_HUGEPAGES``: unset or ``0``, ordinary pages; ``1``, NumPy's default (THP);
+``auto``, THP when it cannot stall on compaction, i.e. the kernel's THP defrag mode never
+compacts on a fault, or ``/proc/buddyinfo`` shows free 2 MiB blocks for at least twice the
+bytes about to be allocated, and at most :data:`HUGE_MAX` bytes of them (for machines whose
+memory is backed up front, where that is a clear gain).
 
 The switch is NumPy's process-wide flag; it is held in the requested state while at least one
 restore is allocating (a request for ordinary pages wins over one for huge pages, as it is the
@@ -86,8 +85,8 @@ def _faults_never_stall() -> bool:
 
 def _want_huge(nbytes: int) -> bool:
     env = os.environ.get("OCDBT_PY_HUGEPAGES", "")
-    if env not in ("", "auto"):
-        return env != "0"
+    if env != "auto":
+        return env not in ("", "0")
     if nbytes < HUGE_MIN or nbytes > HUGE_MAX:
         return False
     if "[never]" in _read("/sys/kernel/mm/transparent_hugepage/enabled"):
