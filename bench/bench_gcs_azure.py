@@ -25,6 +25,9 @@ Checkpoints (written once by Orbax via ``bench/bench_restore.py``'s maker, the s
 Each run is a fresh subprocess; the sides alternate (who goes first flips each round); best of
 ``--repeat`` and the median of the back-to-back pair ratios.  Target: ours <= 0.7x.  The
 emulators are single processes sharing the machine's cores with the clients: quote ratios.
+Each run also records the emulator's CPU time (its process tree, from ``/proc``), and the table
+gives two derived ratios: the CPU-floor ratio ((client + emulator CPU) ours / peer: the wall
+ratio when both sides keep the cores busy) and the client-CPU ratio (the emulator elsewhere).
 """
 
 from __future__ import annotations
@@ -55,6 +58,26 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env.update(extra or {})
     return env
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds used so far by process ``pid`` and its live descendants (the emulator, which
+    shares the machine's cores with the client under test; azurite may run under a launcher)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                f = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(d)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += stats.get(p, (0, 0.0))[1]
+        todo.extend(c for c, (pp, _) in stats.items() if pp == p)
+    return total
 
 
 def _call(args: list[str], env: dict[str, str]) -> dict[str, Any]:
@@ -165,23 +188,33 @@ def worker(argv: list[str]) -> None:
 def _compare(runs: dict[str, list[dict[str, Any]]], a: str, b: str, loads: list[float]) -> dict[str, Any]:
     best = {k: min(r["seconds"] for r in v) for k, v in runs.items()}
     pairs = [x["seconds"] / y["seconds"] for x, y in zip(runs[a], runs[b])]
+    cpu = {k: min(r["cpu_seconds"] for r in runs[k]) for k in (a, b)}
+    server = {k: min(r["server_cpu_seconds"] for r in runs[k]) for k in (a, b)}
     return {"ours_s": best[a], "peer_s": best[b], "ratio": best[a] / best[b], "pair_ratios": pairs,
             "median_pair_ratio": statistics.median(pairs),
-            "ours_cpu_s": min(r["cpu_seconds"] for r in runs[a]),
-            "peer_cpu_s": min(r["cpu_seconds"] for r in runs[b]), "load": loads}
+            "ours_cpu_s": cpu[a], "peer_cpu_s": cpu[b],
+            # the emulator's CPU during each side's runs: it shares the 2 cores with the client
+            "ours_server_cpu_s": server[a], "peer_server_cpu_s": server[b],
+            # both sides at their floor on 2 cores shared with the emulator / with it elsewhere
+            "cpu_floor_ratio": (cpu[a] + server[a]) / (cpu[b] + server[b]),
+            "client_cpu_ratio": cpu[a] / cpu[b], "load": loads}
 
 
-def _rounds(sides: dict[str, list[str]], env: dict[str, str], repeat: int, tag: str) -> dict[str, list[Any]]:
+def _rounds(sides: dict[str, list[str]], env: dict[str, str], repeat: int, tag: str,
+            server_pid: int) -> dict[str, list[Any]]:
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in sides}
     order = list(sides)
     for i in range(repeat):
         for side in order if i % 2 == 0 else order[::-1]:
+            s0 = _tree_cpu(server_pid)
             res = _call(sides[side], env)
+            res["server_cpu_seconds"] = _tree_cpu(server_pid) - s0  # includes the worker's start-up
             if side.startswith("ours") and not res.get("direct"):
                 raise RuntimeError(f"[{tag}] {side}: the direct reader fell back to the client library")
             runs[side].append(res)
-            print(f"[{tag}] {side}: {res['seconds']:.3f} s (cpu {res['cpu_seconds']:.2f} s), {res['arrays']} arrays, "
-                  f"{res['bytes'] / 2**20:.0f} MiB", file=sys.stderr, flush=True)
+            print(f"[{tag}] {side}: {res['seconds']:.3f} s (cpu {res['cpu_seconds']:.2f} s, emulator "
+                  f"{res['server_cpu_seconds']:.2f} s), {res['arrays']} arrays, {res['bytes'] / 2**20:.0f} MiB",
+                  file=sys.stderr, flush=True)
     return runs
 
 
@@ -207,7 +240,8 @@ def bench_gcs(root: Path, cases: list[str], repeat: int) -> dict[str, Any]:
             names.write_text(json.dumps(zarr_array_names(root / case)))
             l0 = os.getloadavg()[0]
             runs = _rounds({"ours": ["ours", f"gs://{BUCKET}/{case}", opts],
-                            "ts": ["ts-gcs", case, str(names)]}, env, repeat, f"gcs {case}")
+                            "ts": ["ts-gcs", case, str(names)]}, env, repeat, f"gcs {case}",
+                           srv.proc.proc.pid)
             out[case] = {"ours/TensorStore gcs": _compare(runs, "ours", "ts", [l0, os.getloadavg()[0]])}
     finally:
         srv.stop()
@@ -237,7 +271,8 @@ def bench_azure(root: Path, cases: list[str], repeat: int) -> dict[str, Any]:
             l0 = os.getloadavg()[0]
             runs = _rounds({"ours-dirs": ["ours", f"az://{BUCKET}/{dirs}", opts],
                             "ours-ocdbt": ["ours", f"az://{BUCKET}/{case}", opts],
-                            "zarr": ["zarr-azure", dirs, str(names), opts]}, env, repeat, f"azure {case}")
+                            "zarr": ["zarr-azure", dirs, str(names), opts]}, env, repeat, f"azure {case}",
+                           srv.proc.proc.pid)
             loads = [l0, os.getloadavg()[0]]
             out[case] = {"ours-dirs/zarr-python": _compare(runs, "ours-dirs", "zarr", loads),
                          "ours-ocdbt/zarr-python": _compare(runs, "ours-ocdbt", "zarr", loads)}
@@ -277,7 +312,8 @@ def main() -> None:
     if "azure" in stores:
         results["azure"] = bench_azure(root, cases, args.repeat)
     lines = ["| store | case | comparison | best ours / peer (s) | ratio | pairs: median (range) | CPU s ours / peer "
-             "| load |", "|---|---|---|---:|---:|---:|---:|---:|"]
+             "| emulator CPU s ours / peer | CPU-floor ratio (client + emulator) | client-CPU ratio | load |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for store in ("gcs", "azure"):
         for case, row in results.get(store, {}).items():
             for label, r in row.items():
@@ -285,6 +321,8 @@ def main() -> None:
                 lines.append(f"| {store} | {case} | {label} | {r['ours_s']:.3f} / {r['peer_s']:.3f} | "
                              f"{r['ratio']:.2f}x | {r['median_pair_ratio']:.2f}x ({min(pr):.2f}–{max(pr):.2f}) | "
                              f"{r['ours_cpu_s']:.2f} / {r['peer_cpu_s']:.2f} | "
+                             f"{r['ours_server_cpu_s']:.2f} / {r['peer_server_cpu_s']:.2f} | "
+                             f"{r['cpu_floor_ratio']:.2f}x | {r['client_cpu_ratio']:.2f}x | "
                              f"{r['load'][0]:.1f}–{r['load'][1]:.1f} |")
     print("\n".join(lines))
     if args.json:

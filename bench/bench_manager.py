@@ -234,12 +234,14 @@ def _manager(config: str, root: str, args: argparse.Namespace) -> tuple[Any, Any
         sp = Continuous(minimum_interval_secs=float(args.min_interval))
     else:
         sp = FixedInterval(args.fixed_interval)
-    mgr = CheckpointManager(root, save_policy=sp, preservation=LatestN(args.keep))
+    mgr = CheckpointManager(root, save_policy=sp, preservation=LatestN(args.keep),
+                            save_options={"workers": args.save_workers} if args.save_workers else None)
 
     def save(step: int, params: Any) -> bool:
         return mgr.save(step, {"state": params})
 
     def restore(step: int, target: Any) -> Any:
+        mgr.wait_until_finished()  # the poller may see the step's directory before the manager records it
         return mgr.restore(step, items="state", target=target)
 
     return save, mgr.close, restore
@@ -493,6 +495,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval() in the children (CPython's default is 0.005 s); a shorter "
                          "interval shows how much of the overhead is the GIL")
+    ap.add_argument("--save-workers", type=int, default=None,
+                    help="encoding threads of our saves (save(workers=...); default: the library's)")
     ap.add_argument("--tmp", default=None, help="parent directory of the temporary roots (local disk)")
     ap.add_argument("--json", default=None, help="also write the summaries as JSON to this file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-__all__ = ["SIZES", "size", "shared", "dedicated", "map_concurrently", "in_pool"]
+__all__ = ["SIZES", "size", "shared", "dedicated", "map_concurrently", "in_pool", "lower_thread_priority"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -59,17 +60,34 @@ def size(purpose: str) -> int:
     return SIZES[purpose]
 
 
-def _mark(purpose: str) -> None:
+def _mark(purpose: str, nice: int = 0) -> None:
     _local.purpose = purpose
+    if nice > 0:
+        lower_thread_priority(nice)
 
 
-def dedicated(purpose: str, workers: int | None = None, *, name: str | None = None
+def lower_thread_priority(nice: int) -> bool:
+    """Raise the calling thread's nice value by ``nice`` (Linux: per thread; threads it starts
+    inherit it).  Returns whether it was done; a no-op where unsupported."""
+    get_id = getattr(threading, "get_native_id", None)
+    if nice <= 0 or get_id is None or not hasattr(os, "setpriority") or not sys.platform.startswith("linux"):
+        return False
+    try:
+        tid = get_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError:
+        return False
+    return True
+
+
+def dedicated(purpose: str, workers: int | None = None, *, name: str | None = None, nice: int = 0
               ) -> concurrent.futures.ThreadPoolExecutor:
     """A new executor of ``workers`` threads (default: the size of ``purpose``) that its
-    caller owns and shuts down."""
+    caller owns and shuts down; ``nice > 0`` runs its threads at that much lower priority
+    (Linux), e.g. a background save's encoders next to a training loop."""
     n = max(1, workers if workers is not None else size(purpose))
     return concurrent.futures.ThreadPoolExecutor(
-        n, thread_name_prefix=f"ocdbt-{name or purpose}", initializer=_mark, initargs=(purpose,))
+        n, thread_name_prefix=f"ocdbt-{name or purpose}", initializer=_mark, initargs=(purpose, nice))
 
 
 def shared(purpose: str) -> concurrent.futures.ThreadPoolExecutor:

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import http.client
+import socket
 import ssl
+import struct
+import sys
 import threading
 import urllib.parse
 from typing import Any
@@ -27,6 +30,56 @@ __all__ = ["HttpRangeReader", "HttpStatusError", "TlsVerifyError", "shared_reade
 
 #: Bytes kept from an error response's body (for the message).
 _ERROR_BODY = 2048
+#: Plain-HTTP bodies of at least this many bytes are received by one blocking
+#: ``recv(MSG_WAITALL)`` (see :func:`_recv_waitall`).
+WAITALL_MIN = 1 << 20
+#: Linux only: elsewhere ``MSG_WAITALL`` on these sockets has other semantics or none.
+_WAITALL = sys.platform.startswith("linux") and hasattr(socket, "MSG_WAITALL") and hasattr(socket, "SO_RCVTIMEO")
+
+
+def _recv_waitall(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, buf: memoryview,
+                  timeout: float) -> int:
+    """Receive all but the last byte of a plain-HTTP body of known length into ``buf`` with one
+    blocking ``recv(MSG_WAITALL)``; returns the bytes received (0: not applicable).
+
+    ``http.client`` receives a body in as many ``recv`` calls as the socket has data ready
+    (tens of KiB each on loopback), re-taking the GIL after each: while another thread holds
+    the GIL (a restore parsing metadata, a decode job between codec calls) every one of them
+    waits, and a 32 MiB range costs hundreds of such waits and syscalls.  ``MSG_WAITALL`` on a
+    blocking socket returns only when the whole range has arrived, the GIL released throughout;
+    ``SO_RCVTIMEO`` bounds each call by the reader's timeout.  The bytes ``http.client`` had
+    already buffered are taken first, and the last byte is left to it, so it closes the response
+    (and keeps the connection) as usual.  TLS sockets and chunked bodies keep ``http.client``'s path.
+    """
+    sock = conn.sock
+    length = resp.length
+    if not _WAITALL or type(sock) is not socket.socket or resp.chunked or length is None:
+        return 0
+    want = min(len(buf), length) - 1
+    if want < WAITALL_MIN:
+        return 0
+    got = 0
+    ready = len(resp.peek(1))  # bytes http.client's buffer holds past the headers
+    if ready:
+        got = resp.readinto(buf[: min(ready, want)])
+    old = sock.gettimeout()
+    sock.settimeout(None)
+    sec = int(timeout)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", sec, int((timeout - sec) * 1e6)))
+    try:
+        while got < want:
+            try:
+                k = sock.recv_into(buf[got:want], want - got, socket.MSG_WAITALL)
+            except BlockingIOError as e:  # SO_RCVTIMEO expired with nothing received
+                raise TimeoutError("timed out receiving a response body") from e
+            if not k:
+                break  # the server closed early: the caller's reads see the end of the body
+            got += k
+            resp.length -= k  # type: ignore[operator]
+    finally:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
+        sock.settimeout(old)
+    return got
 
 
 class TlsVerifyError(Exception):
@@ -137,7 +190,7 @@ class HttpRangeReader:
         hdrs["Range"] = f"bytes={start}-{start + n - 1}"
         conn, resp = self._send("GET", url, hdrs)
         try:
-            return self._body(resp, start, buf)
+            return self._body(resp, start, buf, conn, self.timeout)
         except BaseException:
             conn.close()
             raise
@@ -173,7 +226,8 @@ class HttpRangeReader:
             raise
 
     @staticmethod
-    def _body(resp: http.client.HTTPResponse, start: int, buf: memoryview) -> int | None:
+    def _body(resp: http.client.HTTPResponse, start: int, buf: memoryview,
+              conn: http.client.HTTPConnection | None = None, timeout: float = 120.0) -> int | None:
         status = resp.status
         if status == 404:
             resp.read()
@@ -189,8 +243,8 @@ class HttpRangeReader:
             body = resp.read(_ERROR_BODY)
             resp.close()
             raise HttpStatusError(status, resp.reason, body)
-        got = 0
         n = len(buf)
+        got = 0 if conn is None else _recv_waitall(conn, resp, buf, timeout)
         while got < n:
             k = resp.readinto(buf[got:])
             if not k:

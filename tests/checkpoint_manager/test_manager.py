@@ -318,3 +318,37 @@ def test_save_options_pass_through(tmp_path: Path) -> None:
     with ocdbt_py.open(str(tmp_path / "0" / "default")) as db:
         keys = list(db.list())
     assert any(k.endswith(b"zarr.json") for k in keys) and not any(k.endswith(b".zarray") for k in keys)
+
+
+@pytest.mark.skipif(os.uname().sysname != "Linux", reason="per-thread nice is Linux's")
+@pytest.mark.parametrize("async_save", [True, False])
+def test_background_retention_runs_at_lower_priority(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     async_save: bool) -> None:
+    """Deleting old local steps after an async save's commit yields the cores to the training
+    loop (it overlaps the next save's host copy); a synchronous manager's does not."""
+    from ocdbt_py.checkpoint.manager import tier as tier_mod
+    from ocdbt_py.checkpoint.saving.api import BACKGROUND_NICE
+
+    monkeypatch.delenv("OCDBT_PY_SAVE_NICE", raising=False)
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    base = nice()
+    seen: list[int] = []
+    orig = tier_mod.delete_step
+
+    def spy(kv: Any, name: str) -> None:
+        seen.append(nice() - base)
+        orig(kv, name)
+
+    monkeypatch.setattr(tier_mod, "delete_step", spy)
+    mgr = CheckpointManager(tmp_path / "r", save_policy=FixedInterval(1), preservation=LatestN(1),
+                            async_save=async_save)
+    for s in range(3):
+        mgr.save(s, {"state": tree(s)})
+        mgr.wait_until_finished()
+    mgr.close()
+    assert seen and set(seen) == {min(19 - base, BACKGROUND_NICE) if async_save else 0}
+    assert nice() == base
+    assert sorted(os.listdir(tmp_path / "r")) == ["2"]

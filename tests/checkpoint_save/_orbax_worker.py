@@ -310,6 +310,40 @@ def job_jax_async(job: dict[str, Any]) -> dict[str, Any]:
     return {"errors": errs}
 
 
+def job_jax_repeat(job: dict[str, Any]) -> dict[str, Any]:
+    """A training loop's saves: the same shardings saved again and again (the per-sharding
+    layout is worked out once), each followed at once by a donated in-place update; every
+    checkpoint holds the values at its save() call, as Orbax restores them."""
+    root = Path(job["dir"])
+    # one jitted update needs one device set: every array on the mesh (not "single")
+    tree = {k: v for k, v in _sharded_tree().items() if isinstance(v, jax.Array) and k != "single"}
+    def bump(x: Any) -> Any:
+        if x.ndim == 0 or x.dtype == bool or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return x
+        return x.at[0].add(1)
+
+    step = jax.jit(lambda t: jax.tree.map(bump, t), donate_argnums=0)
+    errs: list[str] = []
+    saved = []
+    for i in range(3):
+        expected = _to_numpy(tree)
+        h = ocpy.save(root / str(i), tree, blocking=False)
+        tree = step(tree)  # donates the arrays save() just planned
+        saved.append((h, root / str(i), expected))
+    for h, path, expected in saved:
+        h.wait()
+        got = _to_numpy(ocp.PyTreeCheckpointer().restore(path))
+        for k, v in expected.items():
+            g = got[k]
+            same = (np.array_equal(g[2], v[2]) and g[1] == v[1]) if isinstance(v, tuple) else (
+                np.array_equal(g, v) and g.dtype == v.dtype)
+            if not same:
+                errs.append(f"{path.name}/{k}: differs from the values at save()")
+    if not errs and np.array_equal(saved[0][2]["bias"], saved[1][2]["bias"]):
+        errs.append("the update did not change the values between saves (the test checks nothing)")
+    return {"errors": errs}
+
+
 def job_chunk_shapes(job: dict[str, Any]) -> dict[str, Any]:
     from orbax.checkpoint._src.arrays import subchunking
     from orbax.checkpoint._src.serialization import tensorstore_utils as tsu
@@ -435,6 +469,7 @@ JOBS = {
     "tensorstore": job_tensorstore,
     "jax_layout": job_jax_layout,
     "jax_async": job_jax_async,
+    "jax_repeat": job_jax_repeat,
     "chunk_shapes": job_chunk_shapes,
     "mp_restore": job_mp_restore,
 }

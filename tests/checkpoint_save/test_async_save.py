@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -13,8 +15,10 @@ import pytest
 from ocdbt_py.checkpoint import restore, save
 from ocdbt_py.checkpoint.saving import CheckpointExistsError, SaveHandle
 from ocdbt_py.checkpoint.saving import process_writer as pw
+from ocdbt_py.checkpoint.saving.api import BACKGROUND_NICE
 from ocdbt_py.errors import StorageError
 from ocdbt_py.kvstore import MemoryStore
+from ocdbt_py.pools import lower_thread_priority
 from ocdbt_py.testing.faults import FaultyStore, InjectedFault
 
 
@@ -129,3 +133,73 @@ def test_copy_buffer_is_reused_between_async_saves(tmp_path: Path) -> None:
     save(tmp_path / "c", {"z": np.ones(10)}, blocking=False, keep_copy_buffer=False).wait()
     host_copy.release_cached_arena()
     assert host_copy._cached is None
+
+
+def _own_nice() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+@pytest.mark.parametrize("env, blocking, expect", [(None, False, BACKGROUND_NICE), ("0", False, 0), ("3", False, 3),
+                                                    (None, True, 0)])
+def test_background_encoders_run_at_lower_priority(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   env: str | None, blocking: bool, expect: int) -> None:
+    """A background save's encoder threads yield the cores to the training loop (nice
+    ``BACKGROUND_NICE``, ``OCDBT_PY_SAVE_NICE`` overrides); a blocking save's do not; the
+    caller's own priority never changes."""
+    if env is None:
+        monkeypatch.delenv("OCDBT_PY_SAVE_NICE", raising=False)
+    else:
+        monkeypatch.setenv("OCDBT_PY_SAVE_NICE", env)
+    base = _own_nice()
+    seen: list[int] = []
+    orig = pw.encode_chunk
+
+    def spy(*a: Any, **k: Any) -> Any:
+        seen.append(_own_nice() - base)
+        return orig(*a, **k)
+
+    monkeypatch.setattr(pw, "encode_chunk", spy)
+    tree = {f"a{i}": np.full((300, 1024), i, dtype=np.float32) for i in range(4)}  # > one-shot size
+    h = save(tmp_path / "c", tree, blocking=blocking, workers=2)
+    h.wait(timeout=60)
+    assert seen and set(seen) == {min(19 - base, expect)}
+    assert _own_nice() == base
+    assert np.array_equal(restore(tmp_path / "c")["a3"], tree["a3"])
+
+
+def test_lower_thread_priority_is_per_thread() -> None:
+    base = _own_nice()
+    out: dict[str, Any] = {}
+
+    def worker() -> None:
+        out["done"] = lower_thread_priority(2)
+        out["nice"] = _own_nice()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    if sys.platform.startswith("linux"):
+        assert out["done"] and out["nice"] == min(19, base + 2)
+    assert _own_nice() == base
+    assert lower_thread_priority(0) is False
+
+
+def test_background_encoders_keep_priority_on_remote_stores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Encoders writing to a store without local files (whose connection pools they may start)
+    keep the caller's priority, so no pool thread inherits a lowered one."""
+    monkeypatch.setenv("OCDBT_PY_SAVE_NICE", "5")
+    base = _own_nice()
+    seen: list[int] = []
+    orig = pw.encode_chunk
+
+    def spy(*a: Any, **k: Any) -> Any:
+        seen.append(_own_nice() - base)
+        return orig(*a, **k)
+
+    monkeypatch.setattr(pw, "encode_chunk", spy)
+    kv = MemoryStore()
+    tree = {f"a{i}": np.full((300, 1024), i, dtype=np.float32) for i in range(2)}
+    save(kv, tree, blocking=False, workers=2).wait(timeout=60)
+    assert seen and set(seen) == {0}
+    assert np.array_equal(restore(kv)["a1"], tree["a1"])

@@ -43,6 +43,10 @@ def test_async_jax_save_survives_deleted_buffers(oracle: Report) -> None:
     assert oracle.errors("jax_async") == []
 
 
+def test_repeated_async_jax_saves_keep_the_values_at_save_time(oracle: Report) -> None:
+    assert oracle.errors("jax_repeat") == []
+
+
 def test_chunk_shapes_agree_with_orbax(oracle: Report) -> None:
     assert oracle.errors("chunk_shapes") == []
     assert oracle.info("chunk_shapes")["cases"] > 300

@@ -4,7 +4,9 @@ the rest fetched as before, and the result is the same as without the prefetch."
 
 from __future__ import annotations
 
+import functools
 import itertools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,8 @@ class _Spy:
     """Records the prefetch each RemoteSource.run was given, and how many values it held."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
-        self.calls: list[tuple[int, int, int]] = []  # (ranges, values taken from them, values planned)
+        # (ranges, values taken from them, values planned, values joined from two ranges)
+        self.calls: list[tuple[int, int, int, int]] = []
         real = remoteread.RemoteSource.run
 
         def run(src: Any, keys: Any, hints: Any, consume: Any, prefetched: Any = None) -> None:
@@ -55,8 +58,9 @@ class _Spy:
             def plan(k: Any, h: Any, pre: Any = None) -> Any:
                 jobs, ready = real_plan(k, h, pre)
                 held = sum(len(j.spans[0][4]) for j, _ in pre.jobs) if pre is not None else 0
+                joined = len({id(jj) for j, _ in pre.jobs for jj in j.feeds}) if pre is not None else 0
                 self.calls.append((len(pre.jobs) if pre is not None else 0, held,
-                                   sum(len(j.spans[0][4]) for j in jobs if j.keys is None)))
+                                   sum(len(j.spans[0][4]) for j in jobs if j.keys is None), joined))
                 return jobs, ready
 
             src._plan = plan
@@ -108,10 +112,11 @@ def test_saved_checkpoint_with_and_without_prefetch(s3: servers.S3Server, monkey
     plain = checkpoint.restore(url, storage_options=s3.storage_options())
     _assert_same(got["params"], tree["params"])
     _assert_same(plain, got)
-    (ranges, held, planned), (ranges_off, held_off, planned_off) = spy.calls
+    (ranges, held, planned, joined), (ranges_off, held_off, planned_off, _) = spy.calls
     assert ranges > 1 and held > 0  # the prefetch was made and used
-    assert planned > 0  # straddling values (and, with a small budget, the rest) fetched as usual
-    assert ranges_off == held_off == 0 and planned_off == held + planned
+    assert joined > 0  # values straddling two adjacent ranges: joined from them, not fetched again
+    assert planned > 0  # values over more than two ranges (and, with a small budget, the rest) as usual
+    assert ranges_off == held_off == 0 and planned_off == held + planned + joined
 
 
 def test_partial_restore_does_not_prefetch(s3: servers.S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,13 +164,63 @@ def test_data_file_gone_after_listing_is_corruption(s3: servers.S3Server, monkey
 
 def test_claim_takes_only_values_wholly_inside_a_range() -> None:
     jobs = [_Job(100, [(0, "d/f", 0, 100, [])]), _Job(100, [(0, "d/f", 100, 200, [])]),
-            _Job(50, [(0, "d/f", 300, 350, [])])]
-    vals = [(0, 0, 10), (1, 90, 10), (2, 95, 10), (3, 100, 100), (4, 250, 10), (5, 300, 50), (6, 340, 20)]
-    rest = _claim(vals, jobs)
+            _Job(50, [(0, "d/f", 300, 350, [])]), _Job(50, [(0, "d/f", 360, 410, [])])]
+    vals = [(0, 0, 10), (1, 90, 10), (2, 95, 10), (3, 100, 100), (4, 195, 10), (5, 250, 10), (6, 300, 50),
+            (7, 340, 30), (8, 50, 200)]
+    vals.sort(key=lambda v: v[1])
+    rest, split = _claim(vals, jobs)
     assert [v[0] for v in jobs[0].spans[0][4]] == [0, 1]
     assert [v[0] for v in jobs[1].spans[0][4]] == [3]
-    assert [v[0] for v in jobs[2].spans[0][4]] == [5]
-    assert [v[0] for v in rest] == [2, 4, 6]
+    assert [v[0] for v in jobs[2].spans[0][4]] == [6]
+    assert jobs[3].spans[0][4] == []
+    # across two adjacent ranges: joined; past the second range's end, into a gap, or over
+    # three ranges: fetched anew
+    assert [(v[0], a is jobs[0], b is jobs[1]) for v, a, b in split] == [(2, True, True)]
+    assert [v[0] for v in rest] == [8, 4, 5, 7]
+
+
+def _put(out: dict[int, bytes], i: int, v: Any) -> None:
+    out[i] = bytes(v)
+
+
+def test_straddling_values_are_joined_from_the_ranges_in_either_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values across the boundary of two prefetched ranges come out whole whichever range
+    arrives first, and nothing is requested twice."""
+    from ocdbt_py.checkpoint.restore.locations import Location
+    from ocdbt_py.kvstore.memory import MemoryStore
+
+    blob = np.random.default_rng(5).integers(0, 256, 1000, dtype=np.uint8).tobytes()
+    store = MemoryStore()
+    store.set("d/f", blob)
+    vals = {"a": (0, 90), "b": (90, 40), "c": (130, 100), "d": (230, 70), "e": (300, 350), "f": (650, 350)}
+    table = {k: Location(0, "d/f", off, n, None) for k, (off, n) in vals.items()}
+    asked: list[tuple[int, int]] = []
+    real_get_many = MemoryStore.get_many
+
+    order = [1]
+
+    def get_many(self: Any, reqs: Any) -> Any:
+        asked.extend(r for _, r in reqs)
+        lo = reqs[0][1][0]
+        time.sleep((lo if order[0] > 0 else 1000 - lo) / 4000)  # the ranges arrive in this order
+        return real_get_many(self, reqs)
+
+    monkeypatch.setattr(MemoryStore, "get_many", get_many)
+    monkeypatch.setattr(remoteread, "MAX_SPAN", 100)
+    monkeypatch.setattr(remoteread, "PREFETCH_MIN_FILE", 0)
+    for order[0] in (1, -1):
+        asked.clear()
+        pre = remoteread.Prefetch([store], [(0, "d/f", len(blob))], budget=400)
+        got: dict[int, bytes] = {}
+        src = remoteread.RemoteSource(store, [store], table)
+        keys = list(vals)
+        src.run(keys, [n for _, n in vals.values()], functools.partial(_put, got), pre)
+        for i, k in enumerate(keys):
+            off, n = vals[k]
+            assert got[i] == blob[off: off + n], k
+        # b (90..130) and c (130..230) joined from two ranges each, d inside [200, 300), e and f
+        # beyond the prefetch: requested as usual
+        assert sorted(asked) == [(0, 100), (100, 200), (200, 300), (300, 400), (300, 650), (650, 1000)]
 
 
 def test_prefetch_takes_the_largest_files_first_within_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,5 +260,55 @@ def test_prefetch_on_gcs_and_azure(request: pytest.FixtureRequest, monkeypatch: 
     spy = _Spy(monkeypatch)
     got = checkpoint.restore(url, storage_options=srv.storage_options())
     _assert_same(got["params"], tree["params"])
-    ranges, held, _ = spy.calls[0]
+    ranges, held, _, _ = spy.calls[0]
     assert ranges > 0 and held > 0
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_first_prefetched_range_goes_alone(monkeypatch: pytest.MonkeyPatch, alone: bool) -> None:
+    """The other ranges are requested once the first has arrived (so it arrives sooner and
+    decoding starts); a failure to start them reaches whoever waits on their futures."""
+    from ocdbt_py.kvstore.memory import MemoryStore
+
+    store = MemoryStore()
+    store.set("d/f", bytes(300))
+    events: list[str] = []
+    real_get_many = MemoryStore.get_many
+
+    def get_many(self: Any, reqs: Any) -> Any:
+        lo = reqs[0][1][0]
+        events.append(f"start {lo}")
+        if lo == 0:
+            time.sleep(0.2)
+        out = real_get_many(self, reqs)
+        events.append(f"end {lo}")
+        return out
+
+    monkeypatch.setattr(MemoryStore, "get_many", get_many)
+    monkeypatch.setattr(remoteread, "MAX_SPAN", 100)
+    monkeypatch.setattr(remoteread, "PREFETCH_MIN_FILE", 0)
+    monkeypatch.setattr(remoteread, "PREFETCH_FIRST_ALONE", alone)
+    pre = remoteread.Prefetch([store], [(0, "d/f", 300)], budget=300)
+    pre.wait()
+    assert [f.result()[0] for _, f in pre.jobs] == [bytes(100)] * 3
+    if alone:
+        assert events.index("end 0") < events.index("start 100") and events.index("end 0") < events.index("start 200")
+    else:
+        assert events.index("start 100") < events.index("end 0")
+
+    real_start = remoteread._start_span
+    calls = itertools.count()
+
+    def start_once(*a: Any) -> Any:
+        if next(calls):
+            raise OSError("cannot start")
+        return real_start(*a)
+
+    monkeypatch.setattr(remoteread, "_start_span", start_once)
+    if alone:
+        pre = remoteread.Prefetch([store], [(0, "d/f", 300)], budget=300)
+        pre.wait()  # never hangs
+        assert pre.jobs[0][1].result()[0] == bytes(100)
+        for _, f in pre.jobs[1:]:
+            with pytest.raises(OSError, match="cannot start"):
+                f.result()

@@ -44,7 +44,7 @@ from ocdbt_py.checkpoint.manager.steps import cleanup as cleanup_root
 from ocdbt_py.checkpoint.manager.tier import Tier
 from ocdbt_py.checkpoint.meta import metadata
 from ocdbt_py.checkpoint.restore.api import restore
-from ocdbt_py.checkpoint.saving.api import JsonItem, save
+from ocdbt_py.checkpoint.saving.api import JsonItem, background_nice, save
 from ocdbt_py.checkpoint.saving.distributed import _jax_client
 from ocdbt_py.errors import NotFoundError, OcdbtError, ReadOnlyError
 from ocdbt_py.kvstore import open_kvstore
@@ -319,7 +319,7 @@ class CheckpointManager(Lifecycle):
         replace = writes_in_place(self.kv) and not self.kv.exists(f"{name}/{COMMIT_MARKER}")
         handle = save(PrefixStore(self.kv, name), tree, composite=True, blocking=not self.async_save,
                       force=replace, custom_metadata=custom_metadata, **options)
-        self._steps.start(step, handle, started=started)
+        self._steps.start(step, handle, started=started, nice=background_nice() if self.async_save else 0)
         if not self.async_save:
             self.wait_until_finished()
 

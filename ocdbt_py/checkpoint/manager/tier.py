@@ -25,6 +25,7 @@ from ocdbt_py.checkpoint.manager.preservation import PreservationPolicy, StepInf
 from ocdbt_py.checkpoint.manager.steps import delete_step, read_step_info, scan
 from ocdbt_py.errors import OcdbtError
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.pools import lower_thread_priority
 
 __all__ = ["Tier"]
 
@@ -123,10 +124,11 @@ class Tier:
     # ---- saving ---------------------------------------------------------------------------
 
     def start(self, step: int, handle: Any, after_commit: Callable[[], None] | None = None, *,
-              started: float | None = None) -> None:
+              started: float | None = None, nice: int = 0) -> None:
         """Track a started save of ``step``: when ``handle`` finishes, run ``after_commit``,
         record the step and apply retention (in the order saves were started).  ``started``:
-        when the save began (default: now)."""
+        when the save began (default: now); ``nice``: run that (and the deletions of local
+        steps) at that much lower priority than the caller (a training loop's next copy)."""
         name = self.fmt.name(step)
         if started is None:
             started = time.time()
@@ -138,7 +140,7 @@ class Tier:
         recorded = threading.Event()
         self._recorded = recorded
         t = threading.Thread(target=self._finish,
-                             args=(step, name, started, handle, after_commit, previous, recorded),
+                             args=(step, name, started, handle, after_commit, previous, recorded, nice),
                              name=f"ocdbt-{self.label}:{name}", daemon=False)
         self._finisher = t
         t.start()
@@ -153,7 +155,10 @@ class Tier:
         self._retain()
 
     def _finish(self, step: int, name: str, started: float, handle: Any, after: Callable[[], None] | None,
-                previous: threading.Thread | None, recorded: threading.Event) -> None:
+                previous: threading.Thread | None, recorded: threading.Event, nice: int = 0) -> None:
+        # local stores only: deletes elsewhere run on shared pools whose threads would inherit it
+        if nice > 0 and self.kv is not None and self.kv.local_path() is not None:
+            lower_thread_priority(nice)
         try:
             if previous is not None:
                 previous.join()  # saves are recorded, and retention runs, in start order

@@ -67,6 +67,11 @@ MAX_SPAN = 32 << 20
 FIRST_SPAN = 4 << 20
 #: Data files smaller than this are not prefetched (see :class:`Prefetch`).
 PREFETCH_MIN_FILE = 64 << 10
+#: The first prefetched range is requested alone, the others once it has arrived: sharing the
+#: link with them it arrives when they all do (4 x 32 MiB: ~0.1 s from the GCS emulator),
+#: alone in a fraction of that, and decoding starts that much earlier (1 GiB from the GCS
+#: emulator: best of 8 interleaved, 1.039 s vs 1.080 s; 5 of 8 pairs faster).
+PREFETCH_FIRST_ALONE = True
 #: Values of one request are decoded in jobs of about this many bytes (both workers share
 #: the last request instead of one decoding it alone).
 DECODE_JOB_BYTES = 4 << 20
@@ -109,11 +114,15 @@ class _Pool(SlabPool):
         super().__init__(limit, MAX_SPAN)
 
 
-def _claim(vals: list[tuple[int, int, int]], jobs: list[_Job]) -> list[tuple[int, int, int]]:
+def _claim(vals: list[tuple[int, int, int]], jobs: list[_Job]
+           ) -> tuple[list[tuple[int, int, int]], list[tuple[tuple[int, int, int], _Job, _Job]]]:
     """Give each value (``(index, offset, length)``, sorted by offset) that lies wholly inside
-    one of ``jobs``' ranges to that job; return the values left for new requests."""
+    one of ``jobs``' ranges to that job.  Return the values left for new requests, and the
+    values that straddle two adjacent ranges (with those two jobs): they are joined from the
+    two ranges' bytes when both have arrived instead of being fetched again."""
     spans = sorted(jobs, key=lambda j: j.spans[0][2])
     rest: list[tuple[int, int, int]] = []
+    split: list[tuple[tuple[int, int, int], _Job, _Job]] = []
     k = 0
     for v in vals:
         a, b = v[1], v[1] + v[2]
@@ -121,15 +130,18 @@ def _claim(vals: list[tuple[int, int, int]], jobs: list[_Job]) -> list[tuple[int
             k += 1
         if k < len(spans) and spans[k].spans[0][2] <= a and b <= spans[k].spans[0][3]:
             spans[k].spans[0][4].append(v)
+        elif (k + 1 < len(spans) and spans[k].spans[0][2] <= a
+              and spans[k + 1].spans[0][2] == spans[k].spans[0][3] and b <= spans[k + 1].spans[0][3]):
+            split.append((v, spans[k], spans[k + 1]))
         else:
             rest.append(v)
-    return rest
+    return rest, split
 
 
 class _Job:
     """One request (or one ``get_many`` batch) and the values it answers."""
 
-    __slots__ = ("nbytes", "spans", "buf", "keys")
+    __slots__ = ("nbytes", "spans", "buf", "keys", "feeds", "pending")
 
     def __init__(self, nbytes: int, spans: list[tuple[int, str, int, int, list[tuple[int, int, int]]]],
                  keys: list[tuple[int, str]] | None = None):
@@ -139,6 +151,10 @@ class _Job:
         self.buf: np.ndarray | None = None
         #: whole keys of the item store (no locations known): (value index, key)
         self.keys = keys
+        #: jobs of values straddling this range and the next, which this range's bytes complete
+        self.feeds: list[_Job] = []
+        #: for such a joined value: how many of its two ranges have not arrived yet
+        self.pending = 0
 
 
 def _start_span(job: _Job, stores: Sequence[KvStore], _pool: _Pool) -> concurrent.futures.Future[Any]:
@@ -151,15 +167,29 @@ def _start_span(job: _Job, stores: Sequence[KvStore], _pool: _Pool) -> concurren
     return _io().submit(stores[si].get_many, [(fk, (lo, hi))])
 
 
+def _chain(src: concurrent.futures.Future[Any], dst: concurrent.futures.Future[Any]) -> None:
+    """Complete ``dst`` with ``src``'s outcome once ``src`` is done."""
+    def done(f: concurrent.futures.Future[Any]) -> None:
+        err = f.exception()
+        if err is not None:
+            dst.set_exception(err)
+        else:
+            dst.set_result(f.result())
+
+    src.add_done_callback(done)
+
+
 class Prefetch:
     """The first ranges of an item's data files, requested before their contents are located.
 
     ``files`` are ``(store index, data file key, size)`` from the directory listing (keys of
     ``stores[index]``, the databases' stores).  Ranges of up to :data:`MAX_SPAN` bytes start at
-    offset 0 of each file in turn, largest file first, until ``budget`` bytes are requested;
-    files under :data:`PREFETCH_MIN_FILE` bytes (B+tree nodes, mostly) are left to the plan.
-    Hand the object to :meth:`RemoteSource.run`, which gives each range the values it holds; a
-    range that holds none is dropped when it arrives.
+    offset 0 of each file in turn, largest file first, until ``budget`` bytes are requested
+    (the first alone, the others once it is in: :data:`PREFETCH_FIRST_ALONE`); files under
+    :data:`PREFETCH_MIN_FILE` bytes (B+tree nodes, mostly) are left to the plan.
+    Hand the object to :meth:`RemoteSource.run`, which gives each range the values it holds
+    (a value across two adjacent ranges is joined from both); a range that holds none is
+    dropped when it arrives.
     """
 
     def __init__(self, stores: Sequence[KvStore], files: Sequence[tuple[int, str, int]], budget: int | None = None):
@@ -168,6 +198,7 @@ class Prefetch:
         self.jobs: list[tuple[_Job, concurrent.futures.Future[Any]]] = []
         self.used = False
         held = 0
+        later: list[tuple[_Job, concurrent.futures.Future[Any]]] = []
         for si, fk, size in sorted(files, key=lambda f: (-f[2], f[0], f[1])):
             if size < PREFETCH_MIN_FILE:
                 continue
@@ -176,9 +207,25 @@ class Prefetch:
                 # full-size requests: they arrive while the B+tree is still being read
                 hi = min(size, lo + MAX_SPAN, lo + self.budget - held)
                 job = _Job(hi - lo, [(si, fk, lo, hi, [])])
-                self.jobs.append((job, _start_span(job, stores, self.pool)))
+                if not self.jobs or not PREFETCH_FIRST_ALONE:
+                    fut = _start_span(job, stores, self.pool)
+                else:
+                    fut = concurrent.futures.Future()
+                    later.append((job, fut))
+                self.jobs.append((job, fut))
                 held += hi - lo
                 lo = hi
+        if later:
+            # the first range alone, so that it arrives (and decoding starts) in a fraction of
+            # the time all of them take sharing the link; the others once it is in
+            def rest(_: Any) -> None:
+                for job, fut in later:
+                    try:
+                        _chain(_start_span(job, stores, self.pool), fut)
+                    except BaseException as e:  # noqa: BLE001 - the run loop raises it
+                        fut.set_exception(e)
+
+            self.jobs[0][1].add_done_callback(rest)
 
     @property
     def nbytes(self) -> int:
@@ -257,7 +304,12 @@ class RemoteSource:
         for (si, fk), vals in by_file.items():
             vals.sort(key=lambda v: v[1])
             if pre.get((si, fk)):
-                vals = _claim(vals, pre[(si, fk)])
+                vals, split = _claim(vals, pre[(si, fk)])
+                for v, first, second in split:
+                    joined = _Job(v[2], [(si, fk, v[1], v[1] + v[2], [v])])
+                    joined.pending = 2
+                    first.feeds.append(joined)
+                    second.feeds.append(joined)
             # the first requests are small, so decoding starts early; later ones up to MAX_SPAN
             def span() -> int:
                 return MAX_SPAN if len(jobs) >= 8 else min(MAX_SPAN, FIRST_SPAN << len(jobs))
@@ -274,10 +326,9 @@ class RemoteSource:
             return _io().submit(kv.get_many, [k for _, k in job.keys])
         return _start_span(job, self.stores, pool)
 
-    def _answers(self, job: _Job, result: Any) -> list[tuple[int, Any]]:
-        if job.keys is not None:
-            return [(i, v) for (i, _), v in zip(job.keys, result)]
-        si, fk, lo, hi, members = job.spans[0]
+    def _data(self, job: _Job, result: Any) -> memoryview:
+        """The bytes of ``job``'s one range, checked to be all there."""
+        si, fk, lo, hi, _ = job.spans[0]
         if job.buf is not None:
             got = result
             data: Any = None if got is None else job.buf.data[:got]
@@ -292,7 +343,35 @@ class RemoteSource:
         if got != hi - lo:
             raise CorruptionError(f"data file is truncated: wanted {hi - lo} bytes at offset {lo}, got {got}",
                                   path=where, offset=lo)
+        return data  # type: ignore[no-any-return]
+
+    def _answers(self, job: _Job, result: Any) -> list[tuple[int, Any]]:
+        if job.keys is not None:
+            return [(i, v) for (i, _), v in zip(job.keys, result)]
+        _, _, lo, _, members = job.spans[0]
+        data = self._data(job, result)
         return [(i, data[off - lo: off - lo + n]) for i, off, n in members]
+
+    def _feed(self, job: _Job, result: Any, pool: _Pool) -> tuple[int, list[_Job]]:
+        """Copy the part of each straddling value ``job``'s range holds into that value's
+        buffer (taken from ``pool`` by whichever of its two ranges arrives first).  Returns the
+        bytes newly taken and the values now complete."""
+        data = np.frombuffer(self._data(job, result), dtype=np.uint8)
+        lo, hi = job.spans[0][2], job.spans[0][3]
+        taken = 0
+        done: list[_Job] = []
+        for joined in job.feeds:
+            a, b = joined.spans[0][2], joined.spans[0][3]
+            if joined.buf is None:
+                joined.buf = pool.take(b - a)
+                taken += b - a
+            x, y = max(a, lo), min(b, hi)
+            joined.buf[x - a: y - a] = data[x - lo: y - lo]
+            joined.pending -= 1
+            if joined.pending == 0:
+                done.append(joined)
+        job.feeds = []
+        return taken, done
 
     def run(self, keys: Sequence[str], size_hints: Sequence[int], consume: Callable[[int, Any], None],
             prefetched: Prefetch | None = None) -> None:
@@ -362,6 +441,11 @@ class RemoteSource:
                 for f in done:
                     if f in fetching:
                         job = fetching.pop(f)
+                        if job.feeds:  # a prefetched range holding part of a straddling value
+                            taken, joined = self._feed(job, f.result(), buffers)
+                            held += taken
+                            for jj in joined:
+                                submit_decode(self._answers(jj, jj.spans[0][3] - jj.spans[0][2]), jj)
                         if job.keys is None and not job.spans[0][4]:  # a prefetched range nothing fell in
                             held -= job.nbytes
                             if job.buf is not None:

@@ -54,6 +54,23 @@ __all__ = ["save", "JsonItem", "SaveHandle", "SaveOptions", "ItemPlan", "make_op
 
 SaveHandle = async_save.SaveHandle
 _RESERVED_ITEM_NAMES = frozenset({"descriptor"})
+#: How much lower (Linux nice) a background save's encoder threads run: see :func:`background_nice`.
+BACKGROUND_NICE = 10
+
+
+def background_nice() -> int:
+    """How much lower the encoder threads of a background (``blocking=False``) save run than
+    the caller (Linux nice; ``OCDBT_PY_SAVE_NICE`` overrides, 0 turns it off): the training
+    loop's threads get the cores first, the save takes what they leave."""
+    env = os.environ.get("OCDBT_PY_SAVE_NICE")
+    if env:
+        try:
+            return max(0, min(19, int(env)))
+        except ValueError:
+            pass
+    return BACKGROUND_NICE
+
+
 _HANDLERS = {"standard": layout_writer.STANDARD_HANDLER, "pytree": layout_writer.PYTREE_HANDLER}
 
 
@@ -88,6 +105,7 @@ class SaveOptions:
     workers: int
     sync: bool
     checksum: bool = False
+    nice: int = 0  # encoder threads' priority drop (background saves: BACKGROUND_NICE)
 
 
 @dataclasses.dataclass
@@ -137,7 +155,10 @@ def _copy_shared(plans: Mapping[str, Any], workers: int, reuse: bool) -> np.ndar
             where.extend((plan, i) for i, shared in enumerate(plan.shared) if shared)
     if not where:
         return None
-    copies, arena = copy_arrays([plan.jobs[i][2] for plan, i in where], workers, reuse=reuse)
+    # one copy thread per core, at most 4: the copy is memory-bound (2 threads saturate this
+    # 2-core VM, 4 on it measured 1 ms slower per 304 MiB: bench/notes/i20-cont.md)
+    copiers = min(workers, os.cpu_count() or 1, 4)
+    copies, arena = copy_arrays([plan.jobs[i][2] for plan, i in where], copiers, reuse=reuse)
     for (plan, i), data in zip(where, copies):
         spec, origin, _ = plan.jobs[i]
         plan.jobs[i] = (spec, origin, data)
@@ -219,7 +240,10 @@ def _write_process_part(item_kv: KvStore, plan: ItemPlan, coord: Coordinator, op
     try:
         for spec in plan.metadata_specs:
             writer.put(spec.metadata_key, spec.metadata_bytes())
-        writer.run(writer.tasks(plan.jobs), opts.workers)
+        # only where encoders write local files: a thread started by a niced thread inherits its
+        # priority, and a remote store's connection pools may start threads from an encoder
+        nice = opts.nice if item_kv.local_path() is not None else 0
+        writer.run(writer.tasks(plan.jobs), opts.workers, nice=nice)
     except BaseException:
         writer.abort()
         raise
@@ -346,12 +370,14 @@ def save(
     opts = make_options(path, use_zarr3, use_compression, chunk_byte_size, leaf_chunk_byte_sizes,
                          ocdbt_target_data_file_size, replica_parallel, copy, workers, sync, use_ocdbt=use_ocdbt,
                         checksum=checksum)
+    if not blocking:
+        opts = dataclasses.replace(opts, nice=background_nice())
     for h in handler.values() if isinstance(handler, Mapping) else [handler]:
         if h is not None and h not in _HANDLERS:
             raise ValueError(f"handler must be 'standard' or 'pytree', not {h!r}")
     plans = _make_plans(tree, composite, coord, opts, handler, pytree_custom_metadata)
 
-    arena = _copy_shared(plans, min(opts.workers, 4), keep_copy_buffer) if opts.copy else None
+    arena = _copy_shared(plans, opts.workers, keep_copy_buffer) if opts.copy else None
     dest = open_destination(path, storage_options)
     init_ns = time.time_ns()
 

@@ -131,9 +131,10 @@ class DirWriter:
 
         return run
 
-    def run(self, tasks: Iterable[Callable[[], None]], workers: int) -> None:
-        """Run the chunk tasks on ``workers`` threads, a bounded number in flight."""
-        run_bounded(tasks, workers)
+    def run(self, tasks: Iterable[Callable[[], None]], workers: int, *, nice: int = 0) -> None:
+        """Run the chunk tasks on ``workers`` threads (``nice``: that much lower priority), a
+        bounded number in flight."""
+        run_bounded(tasks, workers, nice=nice)
 
     def abort(self) -> None:
         """Nothing to release: files written so far stay in the temporary directory."""

@@ -156,6 +156,67 @@ def _owned_by(sharding: Any, shape: tuple[int, ...], devices: frozenset[int]) ->
     return set(owner.values())
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """What :func:`plan_jax_array` writes of every array with one sharding and shape: per
+    region, the position of its shard among the addressable ones, its global origin and the
+    slice of the shard (``None``: all of it).  Shardings are immutable, so a training loop
+    saving the same state works this out once per distinct sharding."""
+
+    write_shape: tuple[int, ...]
+    parts: tuple[tuple[int, tuple[int, ...], tuple[slice, ...] | None], ...]
+    shared: bool
+
+
+_layout_cache: dict[Any, _Layout] = {}
+
+
+def _layout(arr: Any, shape: tuple[int, ...], replica_parallel: bool, devices: frozenset[int] | None) -> _Layout:
+    key = (arr.sharding, shape, replica_parallel, devices)
+    try:
+        return _layout_cache[key]
+    except (KeyError, TypeError):
+        pass
+    layout = _make_layout(arr, shape, replica_parallel, devices)
+    try:
+        if len(_layout_cache) > 4096:
+            _layout_cache.clear()
+        _layout_cache[key] = layout
+    except TypeError:  # unhashable sharding
+        pass
+    return layout
+
+
+def _make_layout(arr: Any, shape: tuple[int, ...], replica_parallel: bool,
+                 devices: frozenset[int] | None) -> _Layout:
+    shards = list(arr.addressable_shards)
+    shard_shape = tuple(int(d) for d in shards[0].data.shape)
+    replicas = _num_replicas(arr.sharding, shape)
+    axis = replica_parallel_axis(shard_shape, replicas) if replica_parallel else None
+    shared = all(getattr(sh.device, "platform", "cpu") == "cpu" for sh in shards)
+    parts: list[tuple[int, tuple[int, ...], tuple[slice, ...] | None]] = []
+    if devices is not None:
+        write_shape = shard_shape
+        owners = _owned_by(arr.sharding, shape, devices)
+        parts = [(i, _start(sh.index, shape), None) for i, sh in enumerate(shards) if int(sh.device.id) in owners]
+    elif axis is not None:
+        size = shard_shape[axis] // replicas
+        write_shape = shard_shape[:axis] + (size,) + shard_shape[axis + 1:]
+        for i, sh in enumerate(shards):
+            rid = int(sh.replica_id)
+            if rid >= replicas:
+                continue
+            origin = list(_start(sh.index, shape))
+            origin[axis] += rid * size
+            sl = [slice(None)] * len(shape)
+            sl[axis] = slice(rid * size, (rid + 1) * size)
+            parts.append((i, tuple(origin), tuple(sl)))
+    else:
+        write_shape = shard_shape
+        parts = [(i, _start(sh.index, shape), None) for i, sh in enumerate(shards) if int(sh.replica_id) == 0]
+    return _Layout(write_shape, tuple(parts), shared)
+
+
 def plan_jax_array(arr: Any, *, replica_parallel: bool, name: str = "",
                    devices: frozenset[int] | None = None) -> JaxArrayPlan:
     """Shapes, sharding record and this process's regions of ``arr`` as host arrays.
@@ -168,7 +229,7 @@ def plan_jax_array(arr: Any, *, replica_parallel: bool, name: str = "",
     import jax
 
     ext: dict[str, Any] | None = None
-    if jax.dtypes.issubdtype(arr.dtype, jax.dtypes.prng_key):
+    if _is_key(arr.dtype):
         ext = {"random_key_impl": str(jax.random.key_impl(arr))}
         arr = jax.random.key_data(arr)  # Orbax stores (and records the sharding of) the key data
     shape = tuple(int(d) for d in arr.shape)
@@ -176,40 +237,21 @@ def plan_jax_array(arr: Any, *, replica_parallel: bool, name: str = "",
         raise ValueError(f"Cannot save arrays with zero size: {name or 'jax.Array'} has shape {shape}")
 
     dtype = storage_dtype(arr.dtype)
-    shards = list(arr.addressable_shards)
-    pieces: list[Piece] = []
-    write_shape: tuple[int, ...]
-    if not shards:
+    if not arr.sharding.addressable_devices:
         raise ValueError(f"{name or 'jax.Array'} has no addressable shard in this process")
-    shard_shape = tuple(int(d) for d in shards[0].data.shape)
-    replicas = _num_replicas(arr.sharding, shape)
-    axis = replica_parallel_axis(shard_shape, replicas) if replica_parallel else None
+    layout = _layout(arr, shape, replica_parallel, devices)
+    pieces = []
+    for i, origin, sl in layout.parts:
+        # the i-th addressable shard's buffer (a fully replicated array gives its first shard
+        # for every i: the same values, without building a Shard per device)
+        host = np.asarray(arr.addressable_data(i))
+        pieces.append(Piece(origin, host if sl is None else host[sl], layout.shared))
+    return JaxArrayPlan(shape, dtype, layout.write_shape, pieces, sharding_json(arr.sharding), ext)
 
-    shared = all(getattr(sh.device, "platform", "cpu") == "cpu" for sh in shards)
 
-    if devices is not None:
-        write_shape = shard_shape
-        owners = _owned_by(arr.sharding, shape, devices)
-        for sh in shards:
-            if int(sh.device.id) in owners:
-                pieces.append(Piece(_start(sh.index, shape), np.asarray(sh.data), shared))
-    elif axis is not None:
-        size = shard_shape[axis] // replicas
-        write_shape = shard_shape[:axis] + (size,) + shard_shape[axis + 1:]
-        for sh in shards:
-            rid = int(sh.replica_id)
-            if rid >= replicas:
-                continue
-            origin = list(_start(sh.index, shape))
-            origin[axis] += rid * size
-            data = np.asarray(sh.data)
-            sl = [slice(None)] * len(shape)
-            sl[axis] = slice(rid * size, (rid + 1) * size)
-            pieces.append(Piece(tuple(origin), data[tuple(sl)], shared))
-    else:
-        write_shape = shard_shape
-        for sh in shards:
-            if int(sh.replica_id) != 0:
-                continue
-            pieces.append(Piece(_start(sh.index, shape), np.asarray(sh.data), shared))
-    return JaxArrayPlan(shape, dtype, write_shape, pieces, sharding_json(arr.sharding), ext)
+@functools.lru_cache(maxsize=256)
+def _is_key(dtype: Any) -> bool:
+    # optional: JAX is imported only for trees that hold JAX objects
+    import jax
+
+    return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))

@@ -188,10 +188,11 @@ class ProcessWriter:
         """Tasks encoding every chunk of every region (see :func:`chunk_tasks`)."""
         return chunk_tasks(jobs, self._chunk_task, self._small_batch_task)
 
-    def run(self, tasks: Iterable[Callable[[], None]], workers: int) -> None:
-        """Run the chunk tasks on ``workers`` threads, a bounded number in flight."""
+    def run(self, tasks: Iterable[Callable[[], None]], workers: int, *, nice: int = 0) -> None:
+        """Run the chunk tasks on ``workers`` threads (``nice``: that much lower priority), a
+        bounded number in flight."""
         try:
-            run_bounded(tasks, workers)
+            run_bounded(tasks, workers, nice=nice)
         except BaseException:
             self.pool.abort()
             raise
@@ -227,15 +228,15 @@ class _ValueStream:
         self.sink._abandon()
 
 
-def run_bounded(tasks: Iterable[Callable[[], None]], workers: int) -> None:
-    """Run ``tasks`` on ``workers`` threads, at most two per worker in flight; the first
-    error is raised (pending tasks are cancelled)."""
+def run_bounded(tasks: Iterable[Callable[[], None]], workers: int, *, nice: int = 0) -> None:
+    """Run ``tasks`` on ``workers`` threads (``nice``: that much lower priority), at most two
+    per worker in flight; the first error is raised (pending tasks are cancelled)."""
     if workers <= 1:
         for t in tasks:
             t()
         return
     limit = workers * 2
-    with dedicated("save", workers) as ex:
+    with dedicated("save", workers, nice=nice) as ex:
         pending: set[concurrent.futures.Future[None]] = set()
         try:
             for t in tasks:

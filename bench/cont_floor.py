@@ -1,0 +1,119 @@
+"""The floor of continuous checkpointing's per-save cost: copying the bench_manager model.
+
+Measures, in one process and interleaved (best and median of ``--repeat`` rounds, per-call
+wall and process CPU time, load average recorded):
+
+* ``memcpy 1/2 threads``: one 304 MiB ``np.copyto`` between two warm buffers (one thread, or
+  split in halves over two threads): the machine's memory bandwidth, the least any
+  checkpointer that snapshots mutable state pays per save;
+* ``copy_arrays w=N``: ``host_copy.copy_arrays`` of the model's 53 arrays into the kept
+  buffer with N copy groups (what ``save()`` blocks on);
+* ``save() blocked``: ``save(..., blocking=False)`` of the model (the handle's
+  ``blocking_seconds``; the save is waited for outside the timing), NumPy and, with
+  ``--jax``, the 8-device ``jax.Array`` tree.
+
+    flock /work/m20/bench.lock python bench/cont_floor.py --repeat 15 [--jax]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np  # noqa: E402
+from bench_manager import _leaves, build_params, model_shapes  # noqa: E402
+
+from ocdbt_py.checkpoint.saving import host_copy  # noqa: E402
+
+
+def _memcpy(dst: np.ndarray, src: np.ndarray, threads: int) -> None:
+    if threads == 1:
+        np.copyto(dst, src)
+        return
+    step = -(-src.size // threads)
+    ts = [threading.Thread(target=np.copyto, args=(dst[i:i + step], src[i:i + step]))
+          for i in range(step, src.size, step)]
+    for t in ts:
+        t.start()
+    np.copyto(dst[:step], src[:step])
+    for t in ts:
+        t.join()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--jax", action="store_true")
+    ap.add_argument("--no-save", action="store_true")
+    args = ap.parse_args()
+    shapes = model_shapes(1024, 5, 16384)
+    params = build_params(shapes, "numpy")
+    arrays = _leaves(params)
+    nbytes = sum(a.nbytes for a in arrays)
+    src = host_copy._arena(nbytes)
+    dst = host_copy._arena(nbytes)
+    src[:] = 1
+    dst[:] = 2
+    cases: dict[str, Callable[[], Any]] = {
+        "memcpy 1 thread": lambda: _memcpy(dst, src, 1),
+        "memcpy 2 threads": lambda: _memcpy(dst, src, 2),
+    }
+    for w in (1, 2, 4):
+        def cp(w: int = w) -> None:
+            _, arena = host_copy.copy_arrays(arrays, w, reuse=True)
+            host_copy.keep_arena(arena)
+        cases[f"copy_arrays w={w}"] = cp
+    tmp = tempfile.mkdtemp(prefix="cont_floor_")
+    if not args.no_save:
+        from ocdbt_py.checkpoint import save
+
+        trees = {"save() numpy": params}
+        if args.jax:
+            trees["save() jax"] = build_params(shapes, "jax")
+        counter = [0]
+
+        for label, tree in trees.items():
+            def sv(tree: Any = tree) -> float:
+                counter[0] += 1
+                h = save(os.path.join(tmp, str(counter[0])), {"state": tree}, composite=True, blocking=False)
+                b = h.blocking_seconds
+                h.wait()
+                return b
+            cases[label] = sv
+    for fn in cases.values():  # warm: buffers mapped, pools started
+        fn()
+        fn()
+    wall: dict[str, list[float]] = {k: [] for k in cases}
+    cpu: dict[str, list[float]] = {k: [] for k in cases}
+    load0 = os.getloadavg()[0]
+    for _ in range(args.repeat):
+        for k, fn in cases.items():
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            r = fn()
+            t = time.perf_counter() - t0
+            wall[k].append(r if isinstance(r, float) else t)
+            cpu[k].append(time.process_time() - c0)
+    load1 = os.getloadavg()[0]
+    print(f"{nbytes / 2**20:.0f} MiB in {len(arrays)} arrays; {args.repeat} interleaved rounds; "
+          f"load {load0:.2f} -> {load1:.2f}")
+    print("| what | wall best · median ms | GB/s (best) | CPU median ms |")
+    print("|---|---:|---:|---:|")
+    for k in cases:
+        w = sorted(wall[k])
+        note = " (blocked)" if k.startswith("save()") else ""
+        print(f"| {k}{note} | {1000 * w[0]:.1f} · {1000 * statistics.median(w):.1f} | "
+              f"{nbytes / w[0] / 1e9:.1f} | {1000 * statistics.median(cpu[k]):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
