@@ -10,15 +10,16 @@ if they are not in ``--dir`` yet), in fresh processes taking turns, after warmin
 cache before each: ours (``ocdbt_py.checkpoint.restore``), Orbax (to NumPy), and the **floor**:
 what no reader of those files can avoid on this machine, i.e.
 
-* ``decode``: the same compressed chunks, already in memory (the page cache's pages, mapped
-  with their page tables populated before the clock starts: no copy into fresh memory),
+* ``decode``: the same compressed chunks, already in memory (the page cache's own pages, one
+  mapping per chunk, every page touched before the clock starts: no copy into fresh memory),
   decoded with the same zstd (python-zstandard, one decompressor per thread,
   ``stream_reader(...).readinto``) into fresh ``np.empty`` outputs (allocated up front, as
   ours does for large arrays, inside the clock) on as many threads as cores, each thread
   taking the next chunk when it is free.  Outputs stay alive (as a
   restore's do), so every output page is a first touch.  Measured twice, in separate
-  processes: outputs on ordinary pages and on transparent huge pages (NumPy's default; they
-  only apply where the kernel has free 2 MiB blocks); the floor takes the faster.
+  processes: outputs on ordinary pages and on transparent huge pages (NumPy's default; on the
+  development VM their cost swings with whether the free 2 MiB blocks are warm); the floor
+  takes the faster.
 * ``read``: getting the compressed bytes out of the page cache, on as many threads as cores,
   the cheaper of ``preadv`` into a reused (already faulted) buffer per thread and ``mmap`` of
   each chunk with one byte per page touched.
@@ -169,9 +170,8 @@ def run_floor(item: Path, pages: str, reps: int) -> dict[str, Any]:
             d = st["d"] = zstandard.ZstdDecompressor()
         d.stream_reader(pair[0][0]).readinto(pair[1].reshape(-1).view(np.uint8))
 
-    # fresh outputs (once per process), allocated up front and first touched by the decoding
-    # threads: allocating (mmap) on the decoding threads while the other one faults in huge
-    # pages was measured 3-10x slower on the development VM
+    # fresh outputs (once per process), one per array, allocated up front (as ours does for
+    # large arrays) and first touched by the decoding threads
     c0, t0 = time.process_time(), time.perf_counter()
     arrays = {c[3]: np.empty(c[5]["shape"], np.dtype(c[5]["dtype"])) for c in chunks}  # one output per array
     outs = [_region(arrays[c[3]], c[4], c[5]["chunks"]) for c in chunks]
