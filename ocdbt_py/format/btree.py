@@ -38,6 +38,7 @@ __all__ = [
     "list_leaf_nbytes",
     "value_lengths",
     "inline_values",
+    "value_locations",
     "encode_leaf_node",
     "encode_interior_node",
     "MAX_NODE_ENTRIES",
@@ -214,6 +215,20 @@ class _LeafValues(Sequence[Union[bytes, IndirectDataReference]]):
             return [None if k else data[a:b] for k, a, b in cut]
         return [None if k else bytes(data[a:b]) for k, a, b in cut]
 
+    def locations(self) -> tuple[list[DataFileId], list[int], list[int], list[int]]:
+        """Where every value is, as columns (see :func:`value_locations`), without building
+        the values."""
+        if self._inline is None:
+            assert self._list is not None
+            return _locations_of(self._list)
+        lengths = np.asarray(self._lengths, dtype=np.int64)
+        out_of_line = np.frombuffer(self._kinds, dtype=np.uint8) != 0
+        fidx = np.full(len(lengths), -1, dtype=np.int64)
+        offsets = np.zeros(len(lengths), dtype=np.int64)
+        fidx[out_of_line] = self._fids
+        offsets[out_of_line] = self._offsets
+        return list(self._files), fidx.tolist(), offsets.tolist(), lengths.tolist()
+
     def __len__(self) -> int:
         return len(self._lengths)
 
@@ -301,6 +316,42 @@ def value_lengths(values: Sequence[bytes | IndirectDataReference]) -> list[int]:
     if isinstance(values, _LeafValues):
         return values.lengths()
     return [len(v) if isinstance(v, bytes) else v.length for v in values]
+
+
+def value_locations(
+    values: Sequence[bytes | IndirectDataReference],
+) -> tuple[list[DataFileId], list[int], list[int], list[int]]:
+    """Where every value of a leaf node is, as four columns: the distinct data ``files``, and
+    per value the index of its file in ``files`` (``-1``: stored inline), its offset in that
+    file (``0`` when inline) and its length.  For the values of a decoded node this builds no
+    Python object per value."""
+    if isinstance(values, _LeafValues):
+        return values.locations()
+    return _locations_of(values)
+
+
+def _locations_of(
+    values: Sequence[bytes | IndirectDataReference],
+) -> tuple[list[DataFileId], list[int], list[int], list[int]]:
+    files: list[DataFileId] = []
+    index: dict[DataFileId, int] = {}
+    fidx: list[int] = []
+    offsets: list[int] = []
+    lengths: list[int] = []
+    for v in values:
+        if isinstance(v, bytes):
+            fidx.append(-1)
+            offsets.append(0)
+            lengths.append(len(v))
+            continue
+        i = index.get(v.file)
+        if i is None:
+            i = index[v.file] = len(files)
+            files.append(v.file)
+        fidx.append(i)
+        offsets.append(v.offset)
+        lengths.append(v.length)
+    return files, fidx, offsets, lengths
 
 
 def inline_values(values: Sequence[bytes | IndirectDataReference], indices: Sequence[int]) -> list[bytes | None]:

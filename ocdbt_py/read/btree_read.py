@@ -16,8 +16,8 @@ from itertools import chain, islice
 from typing import Any
 
 from ocdbt_py.errors import CorruptionError
-from ocdbt_py.format.btree import BtreeNode, InteriorNode, LeafNode, inline_values, value_lengths
-from ocdbt_py.format.data_file_table import IndirectDataReference
+from ocdbt_py.format.btree import BtreeNode, InteriorNode, LeafNode, inline_values, value_lengths, value_locations
+from ocdbt_py.format.data_file_table import DataFileId, IndirectDataReference
 from ocdbt_py.read.node_reader import NodeReader
 
 __all__ = ["Root", "lookup", "lookup_many", "iterate", "iterate_columns", "LeafColumns", "Value"]
@@ -169,6 +169,16 @@ class LeafColumns:
         ``None`` where the value is stored out of line."""
         s = self._start
         return inline_values(self._values, [s + i for i in indices])
+
+    def locations(self) -> tuple[list[DataFileId], list[int], list[int], list[int]]:
+        """Where each entry's value is: the distinct data ``files``, and per entry (aligned
+        with :attr:`keys`) the index of its file (``-1``: inline), its offset and its length
+        (see :func:`~ocdbt_py.format.btree.value_locations`)."""
+        files, fidx, offsets, lengths = value_locations(self._values)
+        s, e = self._start, self._start + len(self.keys)
+        if s or e != len(fidx):
+            fidx, offsets, lengths = fidx[s:e], offsets[s:e], lengths[s:e]
+        return files, fidx, offsets, lengths
 
 
 def iterate_columns(reader: NodeReader, root: Root, lo: bytes = b"", hi: bytes | None = None

@@ -9,7 +9,9 @@ import pytest
 import ocdbt_py
 from ocdbt_py.checkpoint.restore.locations import scan_locations
 from ocdbt_py.errors import CorruptionError
+from ocdbt_py.format.data_file_table import DataFileId, IndirectDataReference
 from ocdbt_py.kvstore.memory import MemoryStore
+from ocdbt_py.read.btree_read import LeafColumns
 
 
 def test_inline_and_out_of_line_values() -> None:
@@ -26,8 +28,7 @@ def test_inline_and_out_of_line_values() -> None:
 
 @pytest.mark.parametrize("bad", [b"../escape", b"/abs/path", b"d/\xff", b"s3://bucket/x"])
 def test_unsafe_data_file_paths_are_refused(bad: bytes) -> None:
-    ref = types.SimpleNamespace(file=types.SimpleNamespace(path=bad), offset=0, length=4)
-    entry = types.SimpleNamespace(key=b"k", location=ref, size=4, inline=None)
-    db = types.SimpleNamespace(entries=lambda: iter([entry]))
+    ref = IndirectDataReference(DataFileId(b"", bad), 0, 4)
+    db = types.SimpleNamespace(entry_columns=lambda: iter([LeafColumns([b"k"], [4], [ref], 0)]))
     with pytest.raises(CorruptionError, match="unsafe data file path"):
         list(scan_locations(db, "db"))

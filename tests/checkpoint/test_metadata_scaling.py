@@ -67,3 +67,48 @@ def test_entry_columns_agree_with_entries(mid: Path) -> None:
     assert [k for c in sub for k in c.keys] == [e.key for e in entries[1234:34321]]
     assert [v for c in sub for v in c.inline(range(len(c.keys)))] == [e.inline for e in entries[1234:34321]]
 
+
+
+def _mixed_db(tmp_path: Path) -> object:
+    db = open_db(str(tmp_path / "mixed"), mode="a")
+    with db.transaction() as t:
+        for i in range(3000):  # inline (small) and out-of-line (large) values interleaved
+            t.put(f"k{i:05d}", bytes([i % 251]) * (7 if i % 3 else 300 + i))
+    return open_db(str(tmp_path / "mixed"))
+
+
+def _expected_locations(entries: list) -> list:
+    return [(e.key, None if e.location is None else e.location.file, 0 if e.location is None else e.location.offset,
+             e.size) for e in entries]
+
+
+@pytest.mark.parametrize("built", [False, True])
+def test_entry_column_locations_agree_with_entries(tmp_path: Path, built: bool) -> None:
+    entries = list(_mixed_db(tmp_path).entries())  # builds that database's value objects
+    assert {e.location is None for e in entries} == {True, False}
+    db = open_db(str(tmp_path / "mixed"))  # a fresh one: columns straight from the node body
+
+    def flatten(cols: list) -> list:
+        out = []
+        for c in cols:
+            if built:  # the values already built as objects: the generic path
+                list(c._values)
+            files, fidx, offsets, lengths = c.locations()
+            assert len(fidx) == len(offsets) == len(lengths) == len(c.keys)
+            out += [(k, None if f < 0 else files[f], o, n) for k, f, o, n in zip(c.keys, fidx, offsets, lengths)]
+        return out
+
+    assert flatten(list(db.entry_columns())) == _expected_locations(entries)
+    lo, hi = entries[17].key, entries[2901].key
+    db = open_db(str(tmp_path / "mixed"))
+    assert flatten(list(db.entry_columns(start=lo, stop=hi))) == _expected_locations(entries[17:2901])
+
+
+def test_value_locations_of_a_plain_list() -> None:
+    from ocdbt_py.format.btree import value_locations
+    from ocdbt_py.format.data_file_table import DataFileId, IndirectDataReference
+
+    a, b = DataFileId(b"d/", b"a"), DataFileId(b"d/", b"b")
+    values = [b"xy", IndirectDataReference(a, 10, 5), IndirectDataReference(b, 0, 3), b"",
+              IndirectDataReference(a, 99, 1)]
+    assert value_locations(values) == ([a, b], [-1, 0, 1, -1, 0], [0, 10, 0, 0, 99], [2, 5, 3, 0, 1])

@@ -296,3 +296,78 @@ def test_small_pages_restores_numpys_setting() -> None:
         assert fn(True) is True  # what it found (True) was put back
     finally:
         fn(before)
+
+
+_BUDDY = """Node 0, zone      DMA      0      0      0      0      0      0      0      0      1      1      3
+Node 0, zone    DMA32     19     16     22     18     15     14     13     14     15     13    741
+Node 0, zone   Normal      2    778  14930   5004    667   3140   5508   1949    405      1    123
+"""
+
+
+def test_huge_pages_free_counts_free_2mib_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ocdbt_py.checkpoint.restore import pages
+
+    monkeypatch.setattr(pages, "_read", lambda path: _BUDDY if path == "/proc/buddyinfo" else "")
+    # order 9 counts once, order 10 twice: DMA 1 + 2*3, DMA32 13 + 2*741, Normal 1 + 2*123
+    assert pages.huge_pages_free() == (1 + 6) + (13 + 1482) + (1 + 246)
+    monkeypatch.setattr(pages, "_read", lambda path: "")
+    assert pages.huge_pages_free() == 0  # unreadable: none assumed
+
+
+@pytest.mark.parametrize(("free", "defrag", "nbytes", "want"), [
+    (1000, "always defer defer+madvise [madvise] never", 256 << 20, True),   # 2000 MiB free >= 2 x 256
+    (200, "always defer defer+madvise [madvise] never", 256 << 20, False),   # 400 MiB free: could compact
+    (0, "always defer defer+madvise madvise [never]", 256 << 20, True),      # faults never compact
+    (0, "always [defer] defer+madvise madvise never", 512 << 20, True),
+    (10000, "always defer defer+madvise madvise [never]", 1 << 30, False),   # above HUGE_MAX
+    (1000, "always defer defer+madvise [madvise] never", 1 << 20, False),    # NumPy asks nothing below 4 MiB
+])
+def test_output_pages_chooses_huge_pages_only_when_they_cannot_stall(
+        monkeypatch: pytest.MonkeyPatch, free: int, defrag: str, nbytes: int, want: bool) -> None:
+    from ocdbt_py.checkpoint.restore import pages
+
+    fn = pages._switch()
+    if fn is None:
+        pytest.skip("this NumPy has no huge-page switch")
+    monkeypatch.setenv("OCDBT_PY_HUGEPAGES", "auto")
+    files = {"/sys/kernel/mm/transparent_hugepage/defrag": defrag,
+             "/sys/kernel/mm/transparent_hugepage/enabled": "always [madvise] never"}
+    monkeypatch.setattr(pages, "_read", lambda path: files.get(path, ""))
+    monkeypatch.setattr(pages, "huge_pages_free", lambda: free)
+    before = fn(not want)
+    try:
+        with pages.output_pages(nbytes):
+            assert fn(want) is want
+        assert fn(not want) is (not want)  # what it found was put back
+    finally:
+        fn(before)
+
+
+def test_output_pages_env_and_small_pages_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ocdbt_py.checkpoint.restore import pages
+
+    fn = pages._switch()
+    if fn is None:
+        pytest.skip("this NumPy has no huge-page switch")
+    before = fn(True)
+    try:
+        for env in ("0", ""):  # ordinary pages by default
+            monkeypatch.setenv("OCDBT_PY_HUGEPAGES", env)
+            monkeypatch.setattr(pages, "huge_pages_free", lambda: 1 << 20)
+            with pages.output_pages(256 << 20):
+                assert fn(False) is False
+        monkeypatch.setenv("OCDBT_PY_HUGEPAGES", "1")
+        with pages.output_pages(1):
+            assert fn(True) is True
+            with pages.small_pages():  # OCDBT_PY_HUGEPAGES=1 keeps NumPy's default here too
+                assert fn(True) is True
+        monkeypatch.setenv("OCDBT_PY_HUGEPAGES", "auto")
+        monkeypatch.setattr(pages, "_want_huge", lambda n: True)
+        with pages.output_pages(1 << 30):
+            assert fn(True) is True
+            with pages.small_pages():  # another restore's pool buffers: ordinary pages win
+                assert fn(False) is False
+            assert fn(True) is True
+        assert fn(True) is True
+    finally:
+        fn(before)

@@ -35,7 +35,7 @@ import numpy as np
 
 from ocdbt_py.checkpoint.restore.gcpause import paused_gc
 from ocdbt_py.checkpoint.restore.localread import LocalSource, local_root
-from ocdbt_py.checkpoint.restore.pages import small_pages
+from ocdbt_py.checkpoint.restore.pages import HUGE_MIN, output_pages
 from ocdbt_py.checkpoint.restore.remoteread import Prefetch, RemoteSource
 from ocdbt_py.checkpoint.restore.storage import ArrayStore
 from ocdbt_py.errors import CorruptionError
@@ -338,9 +338,12 @@ class ArrayReader:
         multi: list[tuple[str, Any]] = []
         big: list[str] = []
         single_bytes = multi_bytes = 0
+        sizes: dict[int, tuple[int, int]] = {}  # id(meta) -> (bytes, chunks): metadata repeats
         for p, m in zip(params, metas):
-            nb = _nbytes(m)
-            n = _nchunks(m)
+            sz = sizes.get(id(m))
+            if sz is None:
+                sz = sizes[id(m)] = (_nbytes(m), _nchunks(m))
+            nb, n = sz
             if n == 1 and nb <= SMALL_ARRAY_BYTES:
                 if single and single_bytes + nb > BATCH_BYTES:
                     plan.append(("single", single))
@@ -366,7 +369,14 @@ class ArrayReader:
     @staticmethod
     def _batch_keys(kind: str, batch: list[tuple[str, Any]]) -> list[str]:
         if kind == "single":
-            return [f"{p}/{m.chunk_key((0,) * len(m.shape))}" for p, m in batch]
+            first: dict[int, str] = {}  # id(meta) -> its chunk (0, ...): metadata repeats
+            keys = []
+            for p, m in batch:
+                ck = first.get(id(m))
+                if ck is None:
+                    ck = first[id(m)] = m.chunk_key((0,) * len(m.shape))
+                keys.append(f"{p}/{ck}")
+            return keys
         return [f"{p}/{k}" for p, m in batch for k in _all_chunk_keys(m)]
 
     def _fetch(self, kind: str, payload: Any) -> Fetched:
@@ -391,19 +401,20 @@ class ArrayReader:
 
     def _decode_single(self, batch: list[tuple[str, Any]], keys: list[str], datas: list[Any],
                        done: Callable[[int], None] | None = None) -> Iterator[tuple[str, np.ndarray]]:
-        """Decode arrays of exactly one chunk straight into their outputs, on the worker pool."""
-        with small_pages():
-            outs: list[np.ndarray] = [empty(m.shape, m.data_type.dtype, f"restoring array {p!r}")
-                                      for p, m in batch]
+        """Decode arrays of exactly one chunk straight into their outputs, on the worker pool
+        (each output is allocated by the worker that first writes it)."""
         for (p, _), key, raw in zip(batch, keys, datas):
             if raw is None and not self.fill_missing:
                 raise CorruptionError(
                     f"array {p!r}: chunk {key!r} is missing (the checkpoint stores every chunk, so a "
                     f"missing one means it is damaged or incomplete)", path=self.kv.url)
+        outs: list[Any] = [None] * len(batch)
+        sizes: dict[int, int] = {}  # id(meta) -> output bytes: metadata repeats
 
         def decode(i: int) -> None:
             p, m = batch[i]
-            raw, out = datas[i], outs[i]
+            raw = datas[i]
+            out = outs[i] = empty(m.shape, m.data_type.dtype, f"restoring array {p!r}")
             if raw is None:
                 fv = m.fill_value
                 out[...] = 0 if fv is None else fv
@@ -427,19 +438,23 @@ class ArrayReader:
 
         # jobs of ~1 MiB or 64 arrays amortize the pool round trip over many tiny arrays
         jobs = []
-        lo = acc = 0
-        for i, out in enumerate(outs):
-            acc += out.nbytes
+        lo = acc = big = 0
+        for i, (_, m) in enumerate(batch):
+            nb = sizes.get(id(m))
+            if nb is None:
+                nb = sizes[id(m)] = _nbytes(m)
+            acc += nb
+            if nb >= HUGE_MIN:
+                big += nb
             if acc >= (1 << 20) or i - lo >= 63:
                 jobs.append(job(lo, i + 1))
                 lo, acc = i + 1, 0
-        if lo < len(outs):
-            jobs.append(job(lo, len(outs)))
-        with paused_gc():
+        if lo < len(batch):
+            jobs.append(job(lo, len(batch)))
+        with paused_gc(), output_pages(big):
             _run_jobs(jobs)
         for (p, _), out in zip(batch, outs):
             yield p, out
-
 
     def _read_whole(self, params: list[str]) -> Iterator[tuple[str, np.ndarray]]:
         """Large arrays, whole: the chunks of all of them flow through one bounded fetch ->
@@ -453,8 +468,10 @@ class ArrayReader:
         one bounded pipeline.  ``start`` and ``stop`` must fall on chunk boundaries (or the
         array's end), so that every chunk is decoded once, straight into its output."""
         # many small objects, all alive until the end: nothing for the collector to find; and
-        # outputs on ordinary pages (see .pages)
-        with paused_gc(), small_pages():
+        # outputs on huge pages where the kernel has them free, else ordinary pages (see .pages)
+        metas = self.metadata_many([p for p, _, _ in requests])
+        big = sum(n for m in metas if (n := _nbytes(m)) >= HUGE_MIN)
+        with paused_gc(), output_pages(big):
             return self._read_rows(requests)
 
     def _read_rows(self, requests: Sequence[tuple[str, int | None, int | None]]
