@@ -36,6 +36,7 @@ def slow_chunks(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
 
     monkeypatch.setattr(pw, "encode_chunk", gated(pw.encode_chunk))
     monkeypatch.setattr(pw, "encode_small", gated(pw.encode_small))
+    monkeypatch.setattr(pw, "encode_small_batch", gated(pw.encode_small_batch))
     return gate
 
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -138,10 +139,10 @@ def _spec(name: str, shape: tuple[int, ...], dtype: np.dtype[Any], write_shape: 
                      3 if opts.use_zarr3 else 2, opts.use_compression, checksum=opts.checksum)
 
 
-def _host_array(value: Any, where: str) -> np.ndarray:
+def _host_array(value: Any, leaf: Leaf) -> np.ndarray:
     arr = np.asarray(value)
     if arr.dtype == object or arr.dtype.kind in "OUSMm":
-        raise UnsupportedLeafError(f"cannot save leaf {where}: NumPy dtype {arr.dtype} is not storable")
+        raise UnsupportedLeafError(f"cannot save leaf {leaf.where}: NumPy dtype {arr.dtype} is not storable")
     return arr
 
 
@@ -203,7 +204,7 @@ def plan_item(name: str | None, tree: Any, coord: Coordinator, opts: SaveOptions
                 plan.shardings[pname] = jp.sharding
             plan.array_metadatas.append((pname, jp.write_shape, spec.chunk_shape, jp.ext_metadata))
         elif vt in (NP_ARRAY, SCALAR):
-            arr = _host_array(leaf.value, leaf.where) if vt == NP_ARRAY else _scalar_array(leaf.value, leaf.where)
+            arr = _host_array(leaf.value, leaf) if vt == NP_ARRAY else _scalar_array(leaf.value, leaf.where)
             if arr.size == 0:
                 raise ValueError(f"Cannot save arrays with zero size: {leaf.where} has shape {arr.shape}")
             try:
@@ -452,28 +453,61 @@ def _run(dest: Destination, plans: Mapping[str, ItemPlan | JsonItem], coord: Coo
     coord.sync("prepared", err)
     root = dest.write_kv
     own: dict[str, dict[bytes, Any] | None] = {}
+    syncing: _Background | None = None
     try:
         for name, plan in plans.items():
             if isinstance(plan, ItemPlan):
                 item_kv = PrefixStore(root, name) if name else root
                 own[name] = _write_process_part(item_kv, plan, coord, opts)
-        if opts.sync:
-            dest.sync()
+        if opts.sync and coord.is_primary:
+            # the primary's data files need only be durable before its commit: they are
+            # fsynced while the merged root and metadata files are built (joined before the commit)
+            syncing = _Background(dest.sync)
+        elif opts.sync:
+            dest.sync()  # before the barrier: the primary commits what the others wrote
     except BaseException as e:  # noqa: BLE001
         err = e
     coord.sync("written", err)
     if coord.is_primary:
         try:
-            commit_items(dest, root, plans, coord, opts, composite, custom_metadata, init_ns, own)
+            commit_items(dest, root, plans, coord, opts, composite, custom_metadata, init_ns, own,
+                         before_commit=syncing.join if syncing is not None else None)
         except BaseException as e:  # noqa: BLE001
             err = e
+        finally:
+            if syncing is not None:
+                syncing.join(check=False)  # never leave the thread running past the save
     coord.sync("committed", err)
+
+
+class _Background:
+    """``fn()`` on its own thread; :meth:`join` waits and re-raises its error."""
+
+    def __init__(self, fn: Callable[[], None]):
+        self._error: BaseException | None = None
+        self._fn = fn
+        self._thread = threading.Thread(target=self._run, name="ocdbt-save-sync", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._fn()
+        except BaseException as e:  # noqa: BLE001 - handed to join()
+            self._error = e
+
+    def join(self, check: bool = True) -> None:
+        """Wait for ``fn``; raise its error (``check``)."""
+        self._thread.join()
+        if check and self._error is not None:
+            raise self._error
 
 
 def commit_items(dest: Destination, root: KvStore, plans: Mapping[str, ItemPlan | JsonItem], coord: Coordinator,
             opts: SaveOptions, composite: bool, custom_metadata: Mapping[str, Any] | None, init_ns: int,
-            own: Mapping[str, dict[bytes, Any] | None]) -> None:
-    """Step 4 (primary): merged roots, metadata documents, commit markers, then the commit."""
+            own: Mapping[str, dict[bytes, Any] | None], *,
+            before_commit: Callable[[], None] | None = None) -> None:
+    """Step 4 (primary): merged roots, metadata documents, commit markers, then the commit
+    (``before_commit``, if given, is called just before it: the end of a background sync)."""
     handlers: dict[str, str] = {}
     for name, plan in plans.items():
         item_kv = PrefixStore(root, name) if name else root
@@ -490,4 +524,6 @@ def commit_items(dest: Destination, root: KvStore, plans: Mapping[str, ItemPlan 
     root.set(layout_writer.CHECKPOINT_METADATA, layout_writer.checkpoint_metadata(
         item_handlers, init_ns=init_ns, commit_ns=time.time_ns(), custom_metadata=custom_metadata))
     root.set(layout_writer.COMMIT_MARKER, layout_writer.commit_marker(dest.display))
+    if before_commit is not None:
+        before_commit()
     dest.commit(sync=opts.sync)

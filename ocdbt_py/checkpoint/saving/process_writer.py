@@ -9,6 +9,7 @@ for its exclusive use.  When everything is written the B+tree and the manifest f
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -22,6 +23,7 @@ from ocdbt_py.checkpoint.saving.arrays import (
     chunk_regions,
     encode_chunk,
     encode_small,
+    encode_small_batch,
 )
 from ocdbt_py.checkpoint.saving.layout_writer import orbax_config
 from ocdbt_py.format.data_file_table import IndirectDataReference
@@ -72,7 +74,7 @@ def chunk_tasks(jobs: Iterable[ChunkJob],
     for spec, origin, data in jobs:
         if tuple(data.shape) and any(o + n > s for o, n, s in zip(origin, data.shape, spec.shape)):
             raise ValueError(f"region of {spec.param!r} at {tuple(origin)} exceeds the array shape {spec.shape}")
-        chunk_bytes = max(1, int(np.prod(spec.chunk_shape, dtype=np.int64)) * spec.dtype.itemsize)
+        chunk_bytes = max(1, math.prod(spec.chunk_shape) * spec.dtype.itemsize)
         for coords, sl in chunk_regions(spec, origin, data.shape):
             key = spec.chunk_key(coords)
             if chunk_bytes > ONE_SHOT_BYTES:
@@ -146,7 +148,8 @@ class ProcessWriter:
         with a single lease (little per-chunk overhead for many-small-array trees)."""
 
         def run() -> None:
-            encoded = [(key.encode("utf-8"), encode_small(spec, view, self._compressors)) for spec, key, view in items]
+            values = encode_small_batch([(spec, view) for spec, _, view in items], self._compressors)
+            encoded = [(key.encode("utf-8"), v) for (_, key, _), v in zip(items, values)]
             out: dict[bytes, StoredValue] = {k: v for k, v in encoded if len(v) <= INLINE_LIMIT}
             big = [(k, v) for k, v in encoded if len(v) > INLINE_LIMIT]
             if big:
