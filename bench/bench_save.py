@@ -184,10 +184,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--cases", default="quarter,small16k,big,many,jax,async",
                     help="comma-separated subset of quarter,small16k,big,many,jax,async")
+    ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
     args = ap.parse_args()
     cases = args.cases.split(",")
     scale = 0.125 if args.quick else 1.0
     rows = []
+    json_rows: list[dict[str, Any]] = []
     big_label = "1 GiB in 8 arrays" if scale == 1 else f"{int(1024 * scale)} MiB in 8 arrays"
     many_label = "4000 arrays of 64 KiB" if scale == 1 else f"{int(4000 * scale)} arrays of 64 KiB"
     jax_label = f"{big_label}, jax.Array sharded on 8 CPU devices"
@@ -202,6 +204,14 @@ def main() -> None:
         load0 = os.getloadavg()[0]
         ours, orbax, floor = best_interleaved(case, scale, args.repeat)
         rows.append((label, ours, orbax, target, (load0 + os.getloadavg()[0]) / 2, floor))
+        json_rows.append({"case": case, "label": label, "ratio": ours["seconds"] / orbax["seconds"],
+                          "first_ratio": ours["first_seconds"] / orbax["first_seconds"], "target": target,
+                          "ours_s": ours["seconds"], "orbax_s": orbax["seconds"],
+                          "floor_s": floor["seconds"] if floor else None,
+                          "ours_over_floor": ours["seconds"] / floor["seconds"] if floor else None,
+                          "cpu_ratio": ours["cpu_seconds"] / orbax["cpu_seconds"], "load": rows[-1][4]})
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": json_rows}, indent=1))
     print(f"## Checkpoint save (ours vs Orbax 0.12.8, same machine, same run{', quick' if args.quick else ''})\n")
     print("Time: steady state (second save in the process; first save in brackets), best of the runs.  CPU: "
           "user+sys seconds of the steady-state save.  Peak RSS: first save, above the input, as a multiple "
