@@ -295,7 +295,9 @@ def main() -> None:
         worker(args.worker)
         return
     sys.path.insert(0, str(REPO))
-    root = Path(args.dir)
+    # the maker writes a case once and reuses it: quick (128 MiB) and full (1 GiB) checkpoints
+    # must not share a directory, or a full run would measure a quick run's smaller "big"
+    root = Path(args.dir) / ("quick" if args.quick else "full")
     root.mkdir(parents=True, exist_ok=True)
     big_bytes = (128 << 20) if args.quick else GIB
     maker = subprocess.run([sys.executable, str(REPO / "bench" / "bench_restore.py"), "--worker", "make",

@@ -179,7 +179,8 @@ def main() -> None:
     from tests.objectstores import servers
     from tests.objectstores.latency_proxy import start_proxy
 
-    root = Path(args.dir)
+    # cases are written once and reused: quick and full runs keep separate directories
+    root = Path(args.dir) / ("quick" if args.quick else "full")
     root.mkdir(parents=True, exist_ok=True)
     big_bytes = (128 << 20) if args.quick else GIB
     maker = subprocess.run([sys.executable, str(REPO / "bench" / "bench_restore.py"), "--worker", "make",
