@@ -153,6 +153,17 @@ def test_background_encoders_run_at_lower_priority(tmp_path: Path, monkeypatch: 
     else:
         monkeypatch.setenv("OCDBT_PY_SAVE_NICE", env)
     base = _own_nice()
+    seen = _record_encoder_nice(monkeypatch, base)
+    tree = {f"a{i}": np.full((300, 1024), i, dtype=np.float32) for i in range(4)}  # > one-shot size
+    h = save(tmp_path / "c", tree, blocking=blocking, workers=2)
+    h.wait(timeout=60)
+    assert seen and set(seen) == {min(19 - base, expect)}
+    assert _own_nice() == base
+    assert np.array_equal(restore(tmp_path / "c")["a3"], tree["a3"])
+
+
+def _record_encoder_nice(monkeypatch: pytest.MonkeyPatch, base: int) -> list[int]:
+    """Each chunk encode appends its thread's nice value relative to ``base``."""
     seen: list[int] = []
     orig = pw.encode_chunk
 
@@ -161,12 +172,7 @@ def test_background_encoders_run_at_lower_priority(tmp_path: Path, monkeypatch: 
         return orig(*a, **k)
 
     monkeypatch.setattr(pw, "encode_chunk", spy)
-    tree = {f"a{i}": np.full((300, 1024), i, dtype=np.float32) for i in range(4)}  # > one-shot size
-    h = save(tmp_path / "c", tree, blocking=blocking, workers=2)
-    h.wait(timeout=60)
-    assert seen and set(seen) == {min(19 - base, expect)}
-    assert _own_nice() == base
-    assert np.array_equal(restore(tmp_path / "c")["a3"], tree["a3"])
+    return seen
 
 
 def test_lower_thread_priority_is_per_thread() -> None:
@@ -191,14 +197,7 @@ def test_background_encoders_keep_priority_on_remote_stores(monkeypatch: pytest.
     keep the caller's priority, so no pool thread inherits a lowered one."""
     monkeypatch.setenv("OCDBT_PY_SAVE_NICE", "5")
     base = _own_nice()
-    seen: list[int] = []
-    orig = pw.encode_chunk
-
-    def spy(*a: Any, **k: Any) -> Any:
-        seen.append(_own_nice() - base)
-        return orig(*a, **k)
-
-    monkeypatch.setattr(pw, "encode_chunk", spy)
+    seen = _record_encoder_nice(monkeypatch, base)
     kv = MemoryStore()
     tree = {f"a{i}": np.full((300, 1024), i, dtype=np.float32) for i in range(2)}
     save(kv, tree, blocking=False, workers=2).wait(timeout=60)

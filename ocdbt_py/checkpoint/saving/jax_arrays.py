@@ -14,7 +14,8 @@ import functools
 import json
 import math
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -90,6 +91,26 @@ def _json_spec_element(e: Any) -> Any:
     raise TypeError(f"cannot record partition spec element {e!r}")
 
 
+_V = TypeVar("_V")
+
+
+def _memo(cache: dict[Any, _V], key: Any, make: Callable[[], _V]) -> _V:
+    """``cache[key]``, made by ``make()`` on a miss; the cache is emptied past 4096 entries,
+    and unhashable keys (e.g. an unhashable sharding) are simply not cached."""
+    try:
+        return cache[key]
+    except (KeyError, TypeError):
+        pass
+    value = make()
+    try:
+        if len(cache) > 4096:
+            cache.clear()
+        cache[key] = value
+    except TypeError:
+        pass
+    return value
+
+
 _json_cache: dict[Any, str | None] = {}
 
 
@@ -99,18 +120,7 @@ def sharding_json(sharding: Any) -> str | None:
     Shardings are immutable and hashable: a training loop saving the same state repeatedly
     serializes each distinct sharding once.
     """
-    try:
-        return _json_cache[sharding]
-    except (KeyError, TypeError):
-        pass
-    doc = _sharding_json(sharding)
-    try:
-        if len(_json_cache) > 4096:
-            _json_cache.clear()
-        _json_cache[sharding] = doc
-    except TypeError:  # unhashable sharding
-        pass
-    return doc
+    return _memo(_json_cache, sharding, lambda: _sharding_json(sharding))
 
 
 def _sharding_json(sharding: Any) -> str | None:
@@ -173,18 +183,7 @@ _layout_cache: dict[Any, _Layout] = {}
 
 def _layout(arr: Any, shape: tuple[int, ...], replica_parallel: bool, devices: frozenset[int] | None) -> _Layout:
     key = (arr.sharding, shape, replica_parallel, devices)
-    try:
-        return _layout_cache[key]
-    except (KeyError, TypeError):
-        pass
-    layout = _make_layout(arr, shape, replica_parallel, devices)
-    try:
-        if len(_layout_cache) > 4096:
-            _layout_cache.clear()
-        _layout_cache[key] = layout
-    except TypeError:  # unhashable sharding
-        pass
-    return layout
+    return _memo(_layout_cache, key, lambda: _make_layout(arr, shape, replica_parallel, devices))
 
 
 def _make_layout(arr: Any, shape: tuple[int, ...], replica_parallel: bool,
