@@ -167,10 +167,14 @@ class LocalSource:
                                   path=path, offset=offset)
         return buf, mv
 
-    def fetch(self, keys: Sequence[str]) -> tuple[list[Any], Callable[[int], None]]:
+    def fetch(self, keys: Sequence[str], where: list[Any] | None = None) -> tuple[list[Any], Callable[[int], None]]:
         """The bytes of ``keys`` (memoryviews, inline bytes, or ``None`` when absent), and a
         function ``done(i)`` to call once value ``i`` is no longer needed (buffers go back to
-        the pool when all their values are done)."""
+        the pool when all their values are done).
+
+        With ``where`` (a list as long as ``keys``), ``where[i]`` is set to ``(buffer,
+        offset)`` when value ``i`` is ``buffer[offset:offset + len(value)]`` of a buffer that
+        other values share (values adjacent in one buffer were adjacent in the file)."""
         locs = self.locate(keys)
         out: list[Any] = [None] * len(keys)
         owner: list[int] = [-1] * len(keys)
@@ -202,7 +206,7 @@ class LocalSource:
                 start = first.offset
                 stop = max(locs[j].offset + locs[j].length for j in g)  # type: ignore[union-attr]
                 if MMAP_SPAN_MIN and stop - start >= MMAP_SPAN_MIN:
-                    self._map_span(path, start, stop, [(j, locs[j]) for j in g], out, span_of, mapped)
+                    self._map_span(path, start, stop, [(j, locs[j]) for j in g], out, span_of, mapped, where)
                     continue
                 buf, mv = self._read(path, start, stop - start)
                 b_index = len(buffers)
@@ -213,6 +217,8 @@ class LocalSource:
                     assert loc is not None
                     out[j] = mv[loc.offset - start: loc.offset - start + loc.length]
                     owner[j] = b_index
+                    if where is not None:
+                        where[j] = (mv, loc.offset - start)
         lock = threading.Lock()
 
         def done(i: int) -> None:
@@ -249,7 +255,7 @@ class LocalSource:
         return out, done
 
     def _map_span(self, path: str, start: int, stop: int, members: list[tuple[int, Any]], out: list[Any],
-                  span_of: list[int], mapped: list[list[Any]]) -> None:
+                  span_of: list[int], mapped: list[list[Any]], where: list[Any] | None = None) -> None:
         """Map ``[start, stop)`` of ``path`` once and hand out each member's bytes as a view of
         the mapping (no copy into a buffer, and no fresh buffer pages to fault in); the mapping
         goes once every member is done."""
@@ -258,6 +264,8 @@ class LocalSource:
         for j, loc in members:
             v = view[loc.offset - start: loc.offset - start + loc.length]
             out[j] = v
+            if where is not None:
+                where[j] = (view, loc.offset - start)
             views.append(v)
             span_of[j] = len(mapped)
         mapped.append([mm, base, len(members), views + [view]])

@@ -37,6 +37,7 @@ from ocdbt_py.checkpoint.restore.gcpause import paused_gc
 from ocdbt_py.checkpoint.restore.localread import LocalSource, local_root
 from ocdbt_py.checkpoint.restore.pages import HUGE_MIN, output_pages
 from ocdbt_py.checkpoint.restore.remoteread import Prefetch, RemoteSource
+from ocdbt_py.checkpoint.restore.slabs import Slot, decode_slab, plan_slabs, run_codec
 from ocdbt_py.checkpoint.restore.storage import ArrayStore
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request, slice_range
@@ -51,9 +52,10 @@ from zarr3.metadata_v3 import ArrayMetadataV3, parse_zarr_json
 
 __all__ = ["ArrayReader", "LazyArray", "OverlayStore"]
 
-#: A fetched batch: its keys, their values (``None`` if absent), and the callback releasing a
-#: value's buffer once decoded (``None`` for plain ``bytes``).
-Fetched = tuple[list[str], list[Any], "Callable[[int], None] | None"]
+#: A fetched batch: its keys, their values (``None`` if absent), the callback releasing a
+#: value's buffer once decoded (``None`` for plain ``bytes``), and where each value lies in a
+#: shared buffer (``(buffer, offset)`` or ``None``; ``None`` for the whole batch when unknown).
+Fetched = tuple[list[str], list[Any], "Callable[[int], None] | None", "list[Any] | None"]
 
 #: Bytes of (decoded) small arrays whose chunks are fetched in one batch (two batches are in
 #: memory at a time: one decoding, the next being fetched).
@@ -383,78 +385,120 @@ class ArrayReader:
         keys = self._batch_keys(kind, payload)
         local = self.local_source() if kind == "single" else None
         if local is not None:
-            datas, done = local.fetch(keys)
-            return keys, datas, done
-        return keys, list(self.kv.get_many(keys)), None
+            where: list[Any] = [None] * len(keys)
+            datas, done = local.fetch(keys, where)
+            return keys, datas, done, where
+        return keys, list(self.kv.get_many(keys)), None, None
 
     def _run_step(self, kind: str, payload: Any, fetched: Fetched | None) -> Iterator[tuple[str, np.ndarray]]:
         if kind == "big":
             yield from self._read_whole(payload)
             return
-        keys, datas, done = fetched if fetched is not None else self._fetch(kind, payload)
+        keys, datas, done, where = fetched if fetched is not None else self._fetch(kind, payload)
         if kind == "single":
-            yield from self._decode_single(payload, keys, datas, done)
+            yield from self._decode_single(payload, keys, datas, done, where)
         else:
             overlay = OverlayStore(self.kv, dict(zip(keys, datas)))
             for p, _ in payload:
                 yield p, self._wrap(p, lambda p=p: self.array(p, overlay).read())
 
     def _decode_single(self, batch: list[tuple[str, Any]], keys: list[str], datas: list[Any],
-                       done: Callable[[int], None] | None = None) -> Iterator[tuple[str, np.ndarray]]:
+                       done: Callable[[int], None] | None = None,
+                       where: list[Any] | None = None) -> Iterator[tuple[str, np.ndarray]]:
         """Decode arrays of exactly one chunk straight into their outputs, on the worker pool
-        (each output is allocated by the worker that first writes it)."""
+        (each output is allocated by the worker that first writes it).  Arrays whose chunks
+        lie side by side in a fetched buffer share slabs and are decoded a run at a time
+        (see :mod:`.slabs`)."""
         for (p, _), key, raw in zip(batch, keys, datas):
             if raw is None and not self.fill_missing:
                 raise CorruptionError(
                     f"array {p!r}: chunk {key!r} is missing (the checkpoint stores every chunk, so a "
                     f"missing one means it is damaged or incomplete)", path=self.kv.url)
         outs: list[Any] = [None] * len(batch)
-        sizes: dict[int, int] = {}  # id(meta) -> output bytes: metadata repeats
 
-        def decode(i: int) -> None:
+        def decode(i: int, out: np.ndarray | None = None) -> None:
             p, m = batch[i]
             raw = datas[i]
-            out = outs[i] = empty(m.shape, m.data_type.dtype, f"restoring array {p!r}")
-            if raw is None:
-                fv = m.fill_value
-                out[...] = 0 if fv is None else fv
-            elif tuple(m.chunk_shape) == out.shape:
-                m.chain.decode_into(raw, out)
-            else:  # the single chunk overhangs the array edge
-                full = m.chain.decode(raw)
-                out[...] = full[tuple(slice(0, n) for n in out.shape)]
+            if out is None:
+                out = outs[i] = empty(m.shape, m.data_type.dtype, f"restoring array {p!r}")
+            try:
+                if raw is None:
+                    fv = m.fill_value
+                    out[...] = 0 if fv is None else fv
+                elif tuple(m.chunk_shape) == out.shape:
+                    m.chain.decode_into(raw, out)
+                else:  # the single chunk overhangs the array edge
+                    full = m.chain.decode(raw)
+                    out[...] = full[tuple(slice(0, n) for n in out.shape)]
+            except CorruptionError as e:
+                raise CorruptionError(f"array {p!r}: {e.reason}", path=self.kv.url) from e
 
-        def job(lo: int, hi: int) -> Callable[[], None]:
+        def place(i: int, mem: np.ndarray) -> np.ndarray:
+            m = batch[i][1]
+            out = outs[i] = mem.view(m.data_type.dtype).reshape(m.shape)
+            return out  # type: ignore[no-any-return]
+
+        def release(idxs: Iterator[int]) -> None:
+            for i in idxs:
+                datas[i] = None  # release the compressed bytes as soon as they are decoded
+                if done is not None:
+                    done(i)
+
+        def slab_job(slab: list[Slot], codec: str) -> Callable[[], None]:
             def run() -> None:
-                for i in range(lo, hi):
-                    try:
-                        decode(i)
-                    except CorruptionError as e:
-                        raise CorruptionError(f"array {batch[i][0]!r}: {e.reason}", path=self.kv.url) from e
-                    datas[i] = None  # release the compressed bytes as soon as they are decoded
-                    if done is not None:
-                        done(i)
+                decode_slab(slab, codec, place, decode)
+                release(s[0] for s in slab)
             return run
 
+        def job(idxs: list[int]) -> Callable[[], None]:
+            def run() -> None:
+                for i in idxs:
+                    decode(i)
+                    release(iter((i,)))
+            return run
+
+        slabs, rest, big = self._slab_plan(batch, datas, where)
+        jobs = [slab_job(slab, codec) for codec, slab in slabs]
         # jobs of ~1 MiB or 64 arrays amortize the pool round trip over many tiny arrays
-        jobs = []
-        lo = acc = big = 0
-        for i, (_, m) in enumerate(batch):
-            nb = sizes.get(id(m))
-            if nb is None:
-                nb = sizes[id(m)] = _nbytes(m)
+        lo = acc = 0
+        for k, (_, nb) in enumerate(rest):
             acc += nb
-            if nb >= HUGE_MIN:
-                big += nb
-            if acc >= (1 << 20) or i - lo >= 63:
-                jobs.append(job(lo, i + 1))
-                lo, acc = i + 1, 0
-        if lo < len(batch):
-            jobs.append(job(lo, len(batch)))
+            if acc >= (1 << 20) or k - lo >= 63:
+                jobs.append(job([j for j, _ in rest[lo:k + 1]]))
+                lo, acc = k + 1, 0
+        if lo < len(rest):
+            jobs.append(job([j for j, _ in rest[lo:]]))
         with paused_gc(), output_pages(big):
             _run_jobs(jobs)
         for (p, _), out in zip(batch, outs):
             yield p, out
+
+    @staticmethod
+    def _slab_plan(batch: list[tuple[str, Any]], datas: list[Any], where: list[Any] | None
+                   ) -> tuple[list[tuple[str, list[Slot]]], list[tuple[int, int]], int]:
+        """Split a single-chunk batch into slabs (by codec; see :mod:`.slabs`) and the arrays
+        decoded one by one (``(index, bytes)``); and the bytes of outputs large enough for
+        huge pages."""
+        info: dict[int, tuple[int, str | None]] = {}  # id(meta) -> (bytes, run codec)
+        by_codec: dict[str, list[Slot]] = {}
+        rest: list[tuple[int, int]] = []
+        big = 0
+        for i, (_, m) in enumerate(batch):
+            inf = info.get(id(m))
+            if inf is None:
+                nb = _nbytes(m)
+                exact = tuple(m.chunk_shape) == tuple(m.shape) and 0 < nb < HUGE_MIN
+                inf = info[id(m)] = (nb, run_codec(m.chain) if exact else None)
+            nb, codec = inf
+            w = where[i] if where is not None else None
+            if codec is not None and w is not None:
+                by_codec.setdefault(codec, []).append((i, nb, m.data_type.dtype.alignment, w[0], w[1], datas[i]))
+                continue
+            if nb >= HUGE_MIN:
+                big += nb
+            rest.append((i, nb))
+        slabs = [(codec, slab) for codec, slots in by_codec.items() for slab in plan_slabs(slots)]
+        return slabs, rest, big
 
     def _read_whole(self, params: list[str]) -> Iterator[tuple[str, np.ndarray]]:
         """Large arrays, whole: the chunks of all of them flow through one bounded fetch ->
