@@ -123,7 +123,7 @@ def test_raw_chunk_of_the_wrong_length_names_its_array(tmp_path: Path) -> None:
     buf = np.zeros(6 * 256, np.uint8)
     for i in range(6):
         n = 256 if i != 3 else 255
-        slots.append((i, 256, 4, buf, i * 256, memoryview(buf)[i * 256: i * 256 + n]))
+        slots.append((i, 256, 4, buf, i * 256, buf.data[i * 256: i * 256 + n]))
     assert not slabs._decode_run(slots, "raw", np.empty(6 * 256, np.uint8))
     assert slabs._decode_run(slots[:3], "raw", np.empty(3 * 256, np.uint8))
 
