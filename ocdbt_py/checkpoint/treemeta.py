@@ -228,8 +228,9 @@ _ENTRY = re.compile(
     r'"(' + _STR + r')": \{"key_metadata": \[(' + _KEY + r"(?:, " + _KEY + r")*)\], "
     r'"value_metadata": \{"value_type": "(' + _STR + r')", "skip_deserialize": (?:true|false)'
     r'(?:, "write_shape": (\[(?:' + _INT + r"(?:, " + _INT + r")*)?\]))?\}\}(?:, (?=\")|(?=\}))")
-_PIECE = re.compile(r'"key": "(' + _STR + r')", "key_type": ([12])')
-_PIECES = re.compile(r'\{("key": "' + _STR + r'", "key_type": [12])\}')
+#: every ``{"key": "K", "key_type": T}`` of a ``key_metadata`` text the entry regex matched
+#: (so the keys are back to back, and each match starts where the structure says)
+_KEYS = re.compile(r'\{"key": "(' + _STR + r')", "key_type": ([12])\}')
 _HEAD = '{"tree_metadata": {'
 _WS = " \t\n\r"
 
@@ -239,29 +240,13 @@ def _unescape(s: str) -> str:
     return s if "\\" not in s else json.loads(f'"{s}"')
 
 
-def _scan_keys(ktext: str, pieces: list[str], cache: dict[str, tuple[str, int]]
-               ) -> tuple[tuple[str, int], ...] | None:
-    """The ``(name, key_type)`` pairs of one entry's ``key_metadata`` (``ktext``, split into
-    ``"key": "K", "key_type": T`` pieces), interned through ``cache``; ``None`` if one is not
-    regular."""
-    if not all(map(_PIECE.fullmatch, pieces)):
-        pieces = _PIECES.findall(ktext)  # a key holds "}, {": the split cut through it
-    if len(pieces) > _MAX_DEPTH:
-        return None
-    out = []
-    for p in pieces:
-        pair = cache.get(p)
-        if pair is None:
-            m = _PIECE.fullmatch(p)
-            if m is None:
-                return None
-            name = _unescape(m.group(1))
-            t = int(m.group(2))
-            if t == KEY_SEQUENCE and not name.isdecimal():
-                return None
-            pair = cache[p] = (name, t)
-        out.append(pair)
-    return tuple(out)
+def _key_pair(raw: tuple[str, str], escapes: bool) -> tuple[str, int] | None:
+    """``(name, key_type)`` of one matched key (``raw``: its name text and type digit);
+    ``None`` if a sequence key is not a decimal index."""
+    name = _unescape(raw[0]) if escapes else raw[0]
+    if raw[1] == "1":
+        return (name, KEY_SEQUENCE) if name.isdecimal() else None
+    return (name, KEY_DICT)
 
 
 def _scan_rest(text: str, end: int) -> dict[str, Any] | None:
@@ -315,26 +300,28 @@ def _scan_leaves(groups: list[Any], escapes: bool) -> list[Leaf] | None:
     uniq = set(names_raw)
     if len(uniq) != len(names_raw) or (escapes and len({_unescape(n) for n in uniq}) != len(names_raw)):
         return None  # repeated names: the generic parser keeps the last of each, in first place
-    cache: dict[str, tuple[str, int]] = {}
-    cget = cache.get
+    cache: dict[tuple[str, str], tuple[str, int] | None] = {}
     vts: dict[str, tuple[str, str]] = {}
     leaves: list[Leaf] = []
     add = leaves.append
+    findall = _KEYS.findall
     for _, ktext, vt, ws in groups:
-        pieces = ktext[1:-1].split("}, {")
-        keys: tuple[Any, ...] = tuple(map(cget, pieces))
-        if len(keys) > _MAX_DEPTH:
+        found = findall(ktext)
+        if len(found) > _MAX_DEPTH:
             return None  # the generic path refuses it
-        if None in keys:
-            got = _scan_keys(ktext, pieces, cache)
-            if got is None:
+        keys = []
+        for raw in found:
+            pair = cache.get(raw, False)
+            if pair is False:
+                pair = cache[raw] = _key_pair(raw, escapes)
+            if pair is None:
                 return None
-            keys = got
+            keys.append(pair)
         tk = vts.get(vt)
         if tk is None:
             v = _unescape(vt)
             tk = vts[vt] = (v, _KINDS.get(v, ARRAY))
         write_shape = None if ws is None else tuple(map(int, ws[1:-1].split(", "))) if len(ws) > 2 else ()
-        add(Leaf(keys, tk[1], tk[0], write_shape, empty_value(tk[0]) if tk[1] == EMPTY else None,
+        add(Leaf(tuple(keys), tk[1], tk[0], write_shape, empty_value(tk[0]) if tk[1] == EMPTY else None,
                  names=tuple([k for k, _ in keys]), seq='"key_type": 1}' in ktext))
     return leaves
