@@ -18,6 +18,7 @@ overrides one before its pool is first used.
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures.thread  # noqa: F401  (else loaded on first use: inside a restore)
 import os
 import sys
 import threading

@@ -300,7 +300,7 @@ def _scan_leaves(groups: list[Any], escapes: bool) -> list[Leaf] | None:
     uniq = set(names_raw)
     if len(uniq) != len(names_raw) or (escapes and len({_unescape(n) for n in uniq}) != len(names_raw)):
         return None  # repeated names: the generic parser keeps the last of each, in first place
-    cache: dict[tuple[str, str], tuple[str, int] | None] = {}
+    cache: dict[tuple[str, str], tuple[str, int]] = {}
     vts: dict[str, tuple[str, str]] = {}
     leaves: list[Leaf] = []
     add = leaves.append
@@ -309,13 +309,14 @@ def _scan_leaves(groups: list[Any], escapes: bool) -> list[Leaf] | None:
         found = findall(ktext)
         if len(found) > _MAX_DEPTH:
             return None  # the generic path refuses it
-        keys = []
+        keys: list[tuple[str, int]] = []
         for raw in found:
-            pair = cache.get(raw, False)
-            if pair is False:
-                pair = cache[raw] = _key_pair(raw, escapes)
+            pair = cache.get(raw)
             if pair is None:
-                return None
+                pair = _key_pair(raw, escapes)
+                if pair is None:
+                    return None
+                cache[raw] = pair
             keys.append(pair)
         tk = vts.get(vt)
         if tk is None:

@@ -7,7 +7,7 @@ import types
 import pytest
 
 import ocdbt_py
-from ocdbt_py.checkpoint.restore.locations import scan_locations
+from ocdbt_py.checkpoint.restore.locations import LocationTable, scan_locations
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.data_file_table import DataFileId, IndirectDataReference
 from ocdbt_py.kvstore.memory import MemoryStore
@@ -32,3 +32,40 @@ def test_unsafe_data_file_paths_are_refused(bad: bytes) -> None:
     db = types.SimpleNamespace(entry_columns=lambda: iter([LeafColumns([b"k"], [4], [ref], 0)]))
     with pytest.raises(CorruptionError, match="unsafe data file path"):
         list(scan_locations(db, "db"))
+
+
+def test_location_table_first_database_wins_and_matches_the_scan() -> None:
+    kv1, kv2 = MemoryStore(), MemoryStore()
+    with ocdbt_py.open(kv1, mode="a", config={"max_inline_value_bytes": 4}) as db, db.transaction() as t:
+        t.put(b"shared", b"one-long-value")
+        t.put(b"only1", b"ab")
+    with ocdbt_py.open(kv2, mode="a", config={"max_inline_value_bytes": 4}) as db, db.transaction() as t:
+        t.put(b"shared", b"xy")
+        t.put(b"only2", b"two-long-value")
+    table = LocationTable()
+    table.add(ocdbt_py.open(kv1), "db1", 0, lambda k: "one/" + k)
+    table.add(ocdbt_py.open(kv2), "db2", 1)
+    assert sorted(table) == ["only1", "only2", "shared"] and len(table) == 3
+    assert "shared" in table and "nope" not in table and table.get("nope") is None
+    with pytest.raises(KeyError):
+        table["nope"]
+    shared = table["shared"]  # from the first database, out of line
+    assert shared.store == 0 and shared.file is not None and shared.file.startswith("one/d/")
+    assert kv1.get(shared.file[4:], (shared.offset, shared.offset + shared.length)) == b"one-long-value"
+    only1 = table["only1"]
+    assert only1.file is None and only1.inline == b"ab" and only1.length == 2
+    only2 = table["only2"]
+    assert only2.store == 1 and only2.file is not None and only2.file.startswith("d/")
+    assert kv2.get(only2.file, (only2.offset, only2.offset + only2.length)) == b"two-long-value"
+    # the same answers as the entry-at-a-time scan
+    for k, path, offset, length, inline in scan_locations(ocdbt_py.open(kv2), "db2"):
+        if k == "only2":
+            assert (path, offset, length, inline) == (only2.file, only2.offset, only2.length, None)
+    assert [loc and loc.length for loc in table.locate(["only1", "nope", "only2"])] == [2, None, 14]
+
+
+def test_location_table_refuses_unsafe_paths() -> None:
+    ref = IndirectDataReference(DataFileId(b"", b"../escape"), 0, 4)
+    db = types.SimpleNamespace(entry_columns=lambda: iter([LeafColumns([b"k"], [4], [ref], 0)]))
+    with pytest.raises(CorruptionError, match="unsafe data file path"):
+        LocationTable().add(db, "db")

@@ -16,17 +16,18 @@ Files are opened, and per-chunk files found, with no symbolic link followed belo
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import stat
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ocdbt_py.checkpoint.restore.bufpool import SlabPool
-from ocdbt_py.checkpoint.restore.locations import Location, scan_locations
+from ocdbt_py.checkpoint.restore.locations import Location, LocationTable
 from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.coalesce import merge_ranges
@@ -55,6 +56,10 @@ def local_root(kv: KvStore) -> str | None:
     return kv.local_path()
 
 
+def _join(root: str, key: str) -> str:
+    return os.path.join(root, *key.split("/"))
+
+
 def _relkey(anchor: str, path: str) -> str:
     rel = os.path.relpath(path, anchor)
     if rel == os.curdir or rel.startswith(os.pardir):
@@ -71,7 +76,7 @@ class LocalSource:
     """
 
     def __init__(self, locate: Callable[[Sequence[str]], list[Location | None]],
-                 table: dict[str, Location] | None = None, anchor: str | None = None):
+                 table: Mapping[str, Location] | None = None, anchor: str | None = None):
         self.locate = locate
         #: the store's no-follow root: files below it are opened with no link followed
         self.anchor = anchor
@@ -85,20 +90,10 @@ class LocalSource:
     @classmethod
     def for_ocdbt(cls, databases: Sequence[tuple[str, Any]], anchor: str | None = None) -> LocalSource:
         """``databases``: ``(local root directory, OcdbtStore)`` pairs, searched in order."""
-        table: dict[str, Location] = {}
+        table = LocationTable()
         for root, db in databases:
-            paths: dict[str, str] = {}
-            for k, fkey, offset, length, inline in scan_locations(db, root):
-                if k in table:
-                    continue
-                if fkey is None:
-                    table[k] = Location(0, None, 0, length, inline)
-                    continue
-                path = paths.get(fkey)
-                if path is None:
-                    path = paths[fkey] = os.path.join(root, *fkey.split("/"))
-                table[k] = Location(0, path, offset, length)
-        return cls(lambda keys: [table.get(k) for k in keys], table, anchor)
+            table.add(db, root, 0, functools.partial(_join, root))
+        return cls(table.locate, table, anchor)
 
     @classmethod
     def for_dirs(cls, root: str, anchor: str | None = None) -> LocalSource:

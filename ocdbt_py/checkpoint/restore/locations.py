@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.keys import validate_key
 
-__all__ = ["Location", "scan_locations"]
+__all__ = ["Location", "LocationTable", "scan_locations"]
 
 
 class Location:
@@ -41,12 +41,7 @@ def scan_locations(db: Any, where: str) -> Iterator[tuple[str, str | None, int, 
             fk = f.path
             path = checked.get(fk)
             if path is None:
-                try:
-                    path = fk.decode("utf-8")
-                    validate_key(path)
-                except (UnicodeDecodeError, ValueError) as err:
-                    raise CorruptionError(f"unsafe data file path {fk!r}: {err}", path=where) from err
-                checked[fk] = path
+                path = checked[fk] = _safe_path(fk, where)
             paths.append(path)
         inline_at = [i for i, f in enumerate(fidx) if f < 0]
         inline = dict(zip(inline_at, cols.inline(inline_at))) if inline_at else {}
@@ -56,3 +51,93 @@ def scan_locations(db: Any, where: str) -> Iterator[tuple[str, str | None, int, 
                 yield key, None, 0, n, inline[i] or b""
             else:
                 yield key, paths[f], off, n, None
+
+
+class LocationTable(Mapping[str, Location]):
+    """Every key's :class:`Location` in one or more databases (the first holding a key wins),
+    kept as columns filled by one B+tree scan each; a :class:`Location` object is only built
+    for a key that is looked up."""
+
+    def __init__(self) -> None:
+        self._index: dict[str, int] = {}
+        self._fid: list[int] = []  # index into _files; -1: inline
+        self._off: list[int] = []
+        self._len: list[int] = []
+        self._inline: dict[int, bytes] = {}
+        self._files: list[tuple[int, str]] = []  # (store, file)
+        self._dbs = 0
+
+    def add(self, db: Any, where: str, store: int = 0, file_of: Callable[[str], str] | None = None) -> None:
+        """Add the entries of ``db`` (an :class:`~ocdbt_py.OcdbtStore`) not present yet;
+        their data files are named ``file_of(data file key)`` (default: the key) in store
+        number ``store``.  Data file paths are checked as :func:`scan_locations` does."""
+        checked: dict[bytes, int] = {}
+        first = self._dbs == 0
+        self._dbs += 1
+        index = self._index
+        for cols in db.entry_columns():
+            files, fidx, offsets, lengths = cols.locations()
+            gmap = []
+            for f in files:
+                g = checked.get(f.path)
+                if g is None:
+                    path = _safe_path(f.path, where)
+                    g = checked[f.path] = len(self._files)
+                    self._files.append((store, file_of(path) if file_of is not None else path))
+                gmap.append(g)
+            gmap.append(-1)  # fidx -1 (inline) picks this
+            base = len(self._fid)
+            self._fid.extend([gmap[f] for f in fidx])
+            self._off.extend(offsets)
+            self._len.extend(lengths)
+            inline_at = [i for i, f in enumerate(fidx) if f < 0]
+            if inline_at:
+                for i, v in zip(inline_at, cols.inline(inline_at)):
+                    self._inline[base + i] = v or b""
+            keys = [k.decode("utf-8", "surrogateescape") for k in cols.keys]
+            if first:  # keys of one database are distinct
+                index.update(zip(keys, range(base, base + len(keys))))
+            else:
+                for j, k in enumerate(keys, base):
+                    if k not in index:
+                        index[k] = j
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The :class:`Location` of ``key`` (``default`` if absent)."""
+        i = self._index.get(key)
+        if i is None:
+            return default
+        f = self._fid[i]
+        if f < 0:
+            return Location(0, None, 0, self._len[i], self._inline[i])
+        store, file = self._files[f]
+        return Location(store, file, self._off[i], self._len[i])
+
+    def __getitem__(self, key: str) -> Location:
+        loc = self.get(key)
+        if loc is None:
+            raise KeyError(key)
+        return loc  # type: ignore[no-any-return]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def locate(self, keys: Sequence[str]) -> list[Location | None]:
+        """:meth:`get` of each key."""
+        get = self.get
+        return [get(k) for k in keys]
+
+
+def _safe_path(fk: bytes, where: str) -> str:
+    try:
+        path = fk.decode("utf-8")
+        validate_key(path)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise CorruptionError(f"unsafe data file path {fk!r}: {err}", path=where) from err
+    return path

@@ -28,7 +28,7 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -186,7 +186,7 @@ class ArrayReader:
         self._remote: RemoteSource | None = None
         self._prefetch: Prefetch | None = None
 
-    def _table(self) -> dict[str, Any] | None:
+    def _table(self) -> Mapping[str, Any] | None:
         """Key -> location of every key, if a whole-item read already scanned the B+tree."""
         src = self._local
         if isinstance(src, LocalSource):

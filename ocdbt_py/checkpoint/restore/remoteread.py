@@ -33,13 +33,13 @@ import concurrent.futures
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ocdbt_py.checkpoint.restore.bufpool import SlabPool
-from ocdbt_py.checkpoint.restore.locations import Location, scan_locations
+from ocdbt_py.checkpoint.restore.locations import Location, LocationTable
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.coalesce import merge_ranges
@@ -251,7 +251,7 @@ class RemoteSource:
     item's array store, used for keys when ``table`` is ``None`` (no locations known).
     """
 
-    def __init__(self, kv: KvStore, stores: Sequence[KvStore] = (), table: dict[str, Location] | None = None):
+    def __init__(self, kv: KvStore, stores: Sequence[KvStore] = (), table: Mapping[str, Location] | None = None):
         self.kv = kv
         self.stores = list(stores)
         #: for OCDBT items: every key's location (inline values included), from one B+tree scan
@@ -260,13 +260,11 @@ class RemoteSource:
     @classmethod
     def for_ocdbt(cls, kv: KvStore, databases: Sequence[Any]) -> RemoteSource:
         """Scan the B+tree of each database (searched in order, first hit wins)."""
-        table: dict[str, Location] = {}
+        table = LocationTable()
         stores: list[KvStore] = []
         for si, db in enumerate(databases):
             stores.append(db.kvstore)
-            for k, fkey, offset, length, inline in scan_locations(db, db.kvstore.url):
-                if k not in table:
-                    table[k] = Location(si, fkey, offset, length, inline)
+            table.add(db, db.kvstore.url, si)
         return cls(kv, stores, table)
 
     # -- planning ----------------------------------------------------------------------------
