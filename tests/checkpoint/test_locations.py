@@ -62,6 +62,8 @@ def test_location_table_first_database_wins_and_matches_the_scan() -> None:
         if k == "only2":
             assert (path, offset, length, inline) == (only2.file, only2.offset, only2.length, None)
     assert [loc and loc.length for loc in table.locate(["only1", "nope", "only2"])] == [2, None, 14]
+    assert table.inline_values(["only1", "nope"]) == ([b"ab", None], False)
+    assert table.inline_values(["only1", "only2"]) == ([b"ab", None], True)
 
 
 def test_location_table_refuses_unsafe_paths() -> None:

@@ -53,9 +53,9 @@ def test_values_and_independent_arrays(tmp_path: Path, use_zarr3: bool, use_comp
     runs: list[int] = []
     real = slabs._decode_run
 
-    def spy(run: Any, codec: str, target: np.ndarray) -> bool:
-        ok = real(run, codec, target)
-        runs.append(len(run) if ok else 0)
+    def spy(codec: int, members: list[int], *rest: Any) -> bool:
+        ok = real(codec, members, *rest)
+        runs.append(len(members) if ok else 0)
         return ok
 
     monkeypatch.setattr(slabs, "_decode_run", spy)
@@ -114,28 +114,49 @@ def test_a_frame_declaring_another_size_names_its_array(tmp_path: Path, declared
         checkpoint.restore(tmp_path / "ck")
 
 
-def test_raw_chunk_of_the_wrong_length_names_its_array(tmp_path: Path) -> None:
+def test_raw_chunk_of_the_wrong_length_is_not_copied_as_a_run() -> None:
     """Uncompressed neighbours are copied as one run only when every chunk is exactly its
-    array's size; a short one is reported against its array."""
-    tree = {f"a{i}": np.full(64, i, np.float32) for i in range(6)}
-    checkpoint.save(tmp_path / "ck", tree, use_compression=False)
-    slots: list[slabs.Slot] = []
-    buf = np.zeros(6 * 256, np.uint8)
-    for i in range(6):
-        n = 256 if i != 3 else 255
-        slots.append((i, 256, 4, buf, i * 256, buf.data[i * 256: i * 256 + n]))
-    assert not slabs._decode_run(slots, "raw", np.empty(6 * 256, np.uint8))
-    assert slabs._decode_run(slots[:3], "raw", np.empty(3 * 256, np.uint8))
+    array's size."""
+    src = np.arange(6 * 256, dtype=np.uint8)
+    datas = [src.data[i * 256: (i + 1) * 256] for i in range(6)]
+    datas[3] = src.data[3 * 256: 4 * 256 - 1]
+    nbytes = [256] * 6
+    assert not slabs._decode_run(slabs.RAW, list(range(6)), datas, nbytes, src.data, np.empty(6 * 256, np.uint8))
+    out = np.empty(3 * 256, np.uint8)
+    assert slabs._decode_run(slabs.RAW, [0, 1, 2], datas, nbytes, src.data[:768], out)
+    np.testing.assert_array_equal(out, src[:768])
 
 
-def test_plan_slabs_bounds_and_orders() -> None:
-    a, b = bytearray(10), bytearray(10)
-    slots: list[slabs.Slot] = [(i, 300_001, 8, a if i % 2 else b, (i // 2) * 10, b"") for i in range(10)]
-    planned = slabs.plan_slabs(slots)
-    assert sorted(s[0] for slab in planned for s in slab) == list(range(10))
+def _plan(nb: list[int], align: list[int], buf: list[int], rel: list[int], stored: list[int],
+          codec: list[int] | None = None) -> list[slabs.Slab]:
+    n = len(nb)
+    return slabs.plan_slabs(np.arange(n), np.array(codec or [slabs.ZSTD] * n), np.array(nb), np.array(align),
+                            np.array(buf), np.array(rel), np.array(stored))
+
+
+def test_plan_slabs_bounds_orders_and_runs() -> None:
+    # ten 300,001-byte arrays over two buffers, given out of file order
+    order = [7, 2, 9, 0, 4, 1, 8, 3, 6, 5]
+    planned = _plan([300_001] * 10, [4] * 10, [k % 2 for k in order], [(k // 2) * 1000 for k in order], [1000] * 10)
+    assert sorted(i for slab in planned for i in slab.idx) == list(range(10))
     for slab in planned:
-        assert len(slab) == 3 or slab is planned[-1]  # 3 x 300,001 bytes + padding fit, 4 do not
-        offs = [(id(s[3]), s[4]) for s in slab]
-        assert offs == sorted(offs)
-    one = slabs.plan_slabs([(0, 3 * slabs.SLAB_BYTES, 1, a, 0, b"")])
-    assert len(one) == 1 and len(one[0]) == 1  # larger than a slab: a slab of its own
+        assert len(slab.idx) <= 3  # 3 x 300,001 bytes (+ padding) fit in a slab, 4 do not
+        files = [((order[i] % 2), order[i] // 2) for i in slab.idx]
+        assert files == sorted(files)  # file order within a slab
+        assert all(o % 4 == 0 for o in slab.offsets)  # padded to the dtype's alignment
+        assert slab.total == slab.offsets[-1] + 300_001
+        # 300,001 is not a multiple of 4: every array is padded, so no two are back to back
+        assert [(lo, hi) for lo, hi, *_ in slab.runs] == [(k, k + 1) for k in range(len(slab.idx))]
+    one = _plan([3 * slabs.SLAB_BYTES], [1], [0], [0], [10])
+    assert len(one) == 1 and one[0].idx == [0]  # larger than a slab: a slab of its own
+
+
+def test_plan_slabs_runs_follow_adjacency_and_codec() -> None:
+    # buffer 0: arrays 0,1,2 back to back, a gap, then 3; buffer 1: 4; array 5 is raw
+    planned = _plan([64] * 6, [4] * 6, [0, 0, 0, 0, 1, 0], [0, 10, 20, 40, 0, 50], [10] * 6,
+                    [slabs.ZSTD] * 5 + [slabs.RAW])
+    assert [slab.codec for slab in planned] == [slabs.ZSTD, slabs.RAW]
+    z = planned[0]
+    assert z.idx == [0, 1, 2, 3, 4] and z.offsets == [0, 64, 128, 192, 256]
+    assert z.runs == [(0, 3, 0, 0, 30), (3, 4, 0, 40, 50), (4, 5, 1, 0, 10)]
+    assert planned[1].idx == [5] and planned[1].runs == [(0, 1, 0, 50, 60)]

@@ -34,7 +34,7 @@ from ocdbt_py.kvstore.coalesce import merge_ranges
 from ocdbt_py.kvstore.keys import validate_key
 from ocdbt_py.kvstore.local import open_beneath, open_dir_beneath, symlink_error
 
-__all__ = ["LocalSource", "local_root"]
+__all__ = ["LocalSource", "Placement", "local_root"]
 
 #: Neighbouring chunks of one file at most this far apart are read with one request...
 COALESCE_GAP = 64 << 10
@@ -49,6 +49,23 @@ MMAP_MIN = 1 << 20
 #: Coalesced reads of several chunks at least this large are mapped too (``0``: never), and
 #: their chunks decoded straight from the page cache (see :meth:`LocalSource._map_span`).
 MMAP_SPAN_MIN = 1 << 20
+
+
+class Placement:
+    """Where the values of one :meth:`LocalSource.fetch` lie in the buffers they were read or
+    mapped into: value ``i`` is ``buffers[buf[i]][rel[i]:rel[i] + size[i]]`` (``buf[i]`` is
+    ``-1`` for a value in no shared buffer: inline, empty, absent or mapped alone), so values
+    adjacent in one buffer were adjacent in the file.  ``release_all()`` releases every
+    value's buffer at once (instead of ``done(i)`` for each)."""
+
+    __slots__ = ("buffers", "buf", "rel", "size", "release_all")
+
+    def __init__(self, n: int):
+        self.buffers: list[Any] = []
+        self.buf = [-1] * n
+        self.rel = [0] * n
+        self.size = [0] * n
+        self.release_all: Callable[[], None] = lambda: None
 
 
 def local_root(kv: KvStore) -> str | None:
@@ -162,58 +179,46 @@ class LocalSource:
                                   path=path, offset=offset)
         return buf, mv
 
-    def fetch(self, keys: Sequence[str], where: list[Any] | None = None) -> tuple[list[Any], Callable[[int], None]]:
+    def fetch(self, keys: Sequence[str], where: Placement | None = None) -> tuple[list[Any], Callable[[int], None]]:
         """The bytes of ``keys`` (memoryviews, inline bytes, or ``None`` when absent), and a
         function ``done(i)`` to call once value ``i`` is no longer needed (buffers go back to
         the pool when all their values are done).
 
-        With ``where`` (a list as long as ``keys``), ``where[i]`` is set to ``(buffer,
-        offset)`` when value ``i`` is ``buffer[offset:offset + len(value)]`` of a buffer that
-        other values share (values adjacent in one buffer were adjacent in the file)."""
-        locs = self.locate(keys)
+        With ``where``, records where each value lies (see :class:`Placement`)."""
         out: list[Any] = [None] * len(keys)
         owner: list[int] = [-1] * len(keys)
-        by_file: dict[str, list[int]] = {}
-        for i, loc in enumerate(locs):
-            if loc is None:
-                continue
-            if loc.file is None:
-                out[i] = loc.inline
-            elif loc.length == 0:
-                out[i] = b""
-            else:
-                by_file.setdefault(loc.file, []).append(i)
+        offs, lens, by_file = self._place(keys, out)
         buffers: list[np.ndarray] = []
         pending: list[int] = []
         maps: dict[int, tuple[mmap.mmap, memoryview, memoryview]] = {}
         span_of: list[int] = [-1] * len(keys)
         mapped: list[list[Any]] = []  # [mapping, base view, member views left, chunk views]
-        for path, idxs in by_file.items():
-            spans = sorted((loc.offset, loc.offset + loc.length, j) for j in idxs
-                           if (loc := locs[j]) is not None)
+        for path, spans in by_file:
             for _, _, g in merge_ranges(spans, gap=COALESCE_GAP, max_span=COALESCE_MAX):
-                first = locs[g[0]]
-                assert first is not None
-                if len(g) == 1 and first.length >= MMAP_MIN:
-                    m = maps[g[0]] = self._map(path, first.offset, first.length)
-                    out[g[0]] = m[2]
+                j0 = g[0]
+                if len(g) == 1 and lens[j0] >= MMAP_MIN:
+                    m = maps[j0] = self._map(path, offs[j0], lens[j0])
+                    out[j0] = m[2]
                     continue
-                start = first.offset
-                stop = max(locs[j].offset + locs[j].length for j in g)  # type: ignore[union-attr]
+                start = offs[j0]
+                stop = max([offs[j] + lens[j] for j in g])
                 if MMAP_SPAN_MIN and stop - start >= MMAP_SPAN_MIN:
-                    self._map_span(path, start, stop, [(j, locs[j]) for j in g], out, span_of, mapped, where)
+                    self._map_span(path, start, stop, g, offs, lens, out, span_of, mapped, where)
                     continue
                 buf, mv = self._read(path, start, stop - start)
                 b_index = len(buffers)
                 buffers.append(buf)
                 pending.append(len(g))
                 for j in g:
-                    loc = locs[j]
-                    assert loc is not None
-                    out[j] = mv[loc.offset - start: loc.offset - start + loc.length]
+                    rel = offs[j] - start
+                    out[j] = mv[rel: rel + lens[j]]
                     owner[j] = b_index
                     if where is not None:
-                        where[j] = (mv, loc.offset - start)
+                        where.buf[j] = len(where.buffers)
+                        where.rel[j] = rel
+                        where.size[j] = lens[j]
+                if where is not None:
+                    where.buffers.append(mv)
         lock = threading.Lock()
 
         def done(i: int) -> None:
@@ -247,23 +252,94 @@ class LocalSource:
             if last:
                 self.pool.give(buffers[b])
 
+        def done_all() -> None:
+            with lock:
+                out[:] = [None] * len(out)
+                spans = [sp for sp in mapped if sp[2] > 0]
+                for sp in spans:
+                    sp[2] = 0
+                span_of[:] = [-1] * len(span_of)
+                ms = list(maps.values())
+                maps.clear()
+                bufs = [buffers[b] for b in range(len(buffers)) if pending[b] > 0]
+                pending[:] = [0] * len(pending)
+                owner[:] = [-1] * len(owner)
+            for sp in spans:
+                _unmap(sp)
+            for mm, base, view in ms:
+                view.release()
+                base.release()
+                try:
+                    mm.close()
+                except BufferError:
+                    pass
+            for buf in bufs:
+                self.pool.give(buf)
+
+        if where is not None:
+            where.release_all = done_all
         return out, done
 
-    def _map_span(self, path: str, start: int, stop: int, members: list[tuple[int, Any]], out: list[Any],
-                  span_of: list[int], mapped: list[list[Any]], where: list[Any] | None = None) -> None:
+    def _map_span(self, path: str, start: int, stop: int, members: list[int], offs: list[int], lens: list[int],
+                  out: list[Any], span_of: list[int], mapped: list[list[Any]], where: Placement | None = None
+                  ) -> None:
         """Map ``[start, stop)`` of ``path`` once and hand out each member's bytes as a view of
         the mapping (no copy into a buffer, and no fresh buffer pages to fault in); the mapping
         goes once every member is done."""
         mm, base, view = self._map(path, start, stop - start)
         views = []
-        for j, loc in members:
-            v = view[loc.offset - start: loc.offset - start + loc.length]
+        s = len(mapped)
+        for j in members:
+            rel = offs[j] - start
+            v = view[rel: rel + lens[j]]
             out[j] = v
-            if where is not None:
-                where[j] = (view, loc.offset - start)
             views.append(v)
-            span_of[j] = len(mapped)
+            span_of[j] = s
+            if where is not None:
+                where.buf[j] = len(where.buffers)
+                where.rel[j] = rel
+                where.size[j] = lens[j]
         mapped.append([mm, base, len(members), views + [view]])
+        if where is not None:
+            where.buffers.append(view)
+
+    def _place(self, keys: Sequence[str], out: list[Any]
+               ) -> tuple[list[int], list[int], list[tuple[str, list[tuple[int, int, int]]]]]:
+        """Offsets and lengths of ``keys`` (by index), and per data file the ``(start, stop,
+        index)`` of its values sorted by offset; inline and empty values are put in ``out``."""
+        cols = self.table.columns(keys) if isinstance(self.table, LocationTable) else None
+        if cols is None:
+            locs = self.locate(keys)
+            offs = [0 if loc is None else loc.offset for loc in locs]
+            lens = [0 if loc is None else loc.length for loc in locs]
+            groups: dict[str, list[tuple[int, int, int]]] = {}
+            for i, loc in enumerate(locs):
+                if loc is None:
+                    continue
+                if loc.file is None:
+                    out[i] = loc.inline
+                elif loc.length == 0:
+                    out[i] = b""
+                else:
+                    groups.setdefault(loc.file, []).append((loc.offset, loc.offset + loc.length, i))
+            return offs, lens, [(f, sorted(v)) for f, v in groups.items()]
+        assert isinstance(self.table, LocationTable)
+        fid, off, ln = cols
+        for i in np.flatnonzero(fid < 0).tolist():
+            out[i] = self.table[keys[i]].inline
+        for i in np.flatnonzero((fid >= 0) & (ln == 0)).tolist():
+            out[i] = b""
+        sel = np.flatnonzero((fid >= 0) & (ln > 0))
+        order = sel[np.lexsort((off[sel], fid[sel]))]
+        f_sorted = fid[order]
+        cuts = (np.flatnonzero(np.diff(f_sorted)) + 1).tolist()
+        starts, stops, idx = off[order].tolist(), (off[order] + ln[order]).tolist(), order.tolist()
+        files = self.table.files
+        by_file = []
+        for lo, hi in zip([0] + cuts, cuts + [len(idx)]):
+            if lo < hi:
+                by_file.append((files[int(f_sorted[lo])][1], list(zip(starts[lo:hi], stops[lo:hi], idx[lo:hi]))))
+        return off.tolist(), ln.tolist(), by_file
 
     def close(self) -> None:
         """Close the cached file descriptors."""

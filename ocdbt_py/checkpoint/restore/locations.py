@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.keys import validate_key
 
@@ -66,6 +68,7 @@ class LocationTable(Mapping[str, Location]):
         self._inline: dict[int, bytes] = {}
         self._files: list[tuple[int, str]] = []  # (store, file)
         self._dbs = 0
+        self._np: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def add(self, db: Any, where: str, store: int = 0, file_of: Callable[[str], str] | None = None) -> None:
         """Add the entries of ``db`` (an :class:`~ocdbt_py.OcdbtStore`) not present yet;
@@ -127,6 +130,41 @@ class LocationTable(Mapping[str, Location]):
 
     def __len__(self) -> int:
         return len(self._index)
+
+    def columns(self, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Per key, as NumPy columns: the index of its data file in :attr:`files` (``-1``:
+        inline), its offset and its length; ``None`` if a key is absent."""
+        idx = list(map(self._index.get, keys))
+        if None in idx:
+            return None
+        cols = self._np
+        if cols is None or len(cols[0]) != len(self._fid):
+            cols = self._np = (np.array(self._fid, np.int64), np.array(self._off, np.int64),
+                               np.array(self._len, np.int64))
+        ix = np.array(idx, np.int64)
+        return cols[0][ix], cols[1][ix], cols[2][ix]
+
+    @property
+    def files(self) -> list[tuple[int, str]]:
+        """``(store, file)`` of each data file, as :meth:`columns` numbers them."""
+        return self._files
+
+    def inline_values(self, keys: Sequence[str]) -> tuple[list[bytes | None], bool]:
+        """Each key's inline value (``None``: absent or stored out of line), and whether any
+        key is stored out of line."""
+        index, fid, inline = self._index, self._fid, self._inline
+        got: list[bytes | None] = []
+        out_of_line = False
+        for k in keys:
+            i = index.get(k)
+            if i is None:
+                got.append(None)
+            elif fid[i] < 0:
+                got.append(inline[i])
+            else:
+                got.append(None)
+                out_of_line = True
+        return got, out_of_line
 
     def locate(self, keys: Sequence[str]) -> list[Location | None]:
         """:meth:`get` of each key."""

@@ -34,10 +34,11 @@ from typing import Any
 import numpy as np
 
 from ocdbt_py.checkpoint.restore.gcpause import paused_gc
-from ocdbt_py.checkpoint.restore.localread import LocalSource, local_root
+from ocdbt_py.checkpoint.restore.localread import LocalSource, Placement, local_root
+from ocdbt_py.checkpoint.restore.locations import LocationTable
 from ocdbt_py.checkpoint.restore.pages import HUGE_MIN, output_pages
 from ocdbt_py.checkpoint.restore.remoteread import Prefetch, RemoteSource
-from ocdbt_py.checkpoint.restore.slabs import Slot, decode_slab, plan_slabs, run_codec
+from ocdbt_py.checkpoint.restore.slabs import Slab, fill_slab, plan_slabs, run_codec
 from ocdbt_py.checkpoint.restore.storage import ArrayStore
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request, slice_range
@@ -55,7 +56,7 @@ __all__ = ["ArrayReader", "LazyArray", "OverlayStore"]
 #: A fetched batch: its keys, their values (``None`` if absent), the callback releasing a
 #: value's buffer once decoded (``None`` for plain ``bytes``), and where each value lies in a
 #: shared buffer (``(buffer, offset)`` or ``None``; ``None`` for the whole batch when unknown).
-Fetched = tuple[list[str], list[Any], "Callable[[int], None] | None", "list[Any] | None"]
+Fetched = tuple[list[str], list[Any], "Callable[[int], None] | None", "Placement | None"]
 
 #: Bytes of (decoded) small arrays whose chunks are fetched in one batch (two batches are in
 #: memory at a time: one decoding, the next being fetched).
@@ -252,10 +253,15 @@ class ArrayReader:
                 if not pending:
                     break
                 if table is not None:  # the B+tree was scanned already: inline values are there
-                    locs = [table.get(f"{p}/{name}") for p in pending]
-                    got = [None if loc is None else loc.inline for loc in locs]
-                    if any(loc is not None and loc.inline is None for loc in locs):
-                        got = self.kv.get_many([f"{p}/{name}" for p in pending])
+                    keys = [f"{p}/{name}" for p in pending]
+                    if isinstance(table, LocationTable):
+                        got, out_of_line = table.inline_values(keys)
+                    else:
+                        locs = [table.get(k) for k in keys]
+                        got = [None if loc is None else loc.inline for loc in locs]
+                        out_of_line = any(loc is not None and loc.inline is None for loc in locs)
+                    if out_of_line:
+                        got = self.kv.get_many(keys)
                 else:
                     got = self.kv.get_many([f"{p}/{name}" for p in pending])
                 nxt = []
@@ -385,7 +391,7 @@ class ArrayReader:
         keys = self._batch_keys(kind, payload)
         local = self.local_source() if kind == "single" else None
         if local is not None:
-            where: list[Any] = [None] * len(keys)
+            where = Placement(len(keys))
             datas, done = local.fetch(keys, where)
             return keys, datas, done, where
         return keys, list(self.kv.get_many(keys)), None, None
@@ -404,101 +410,111 @@ class ArrayReader:
 
     def _decode_single(self, batch: list[tuple[str, Any]], keys: list[str], datas: list[Any],
                        done: Callable[[int], None] | None = None,
-                       where: list[Any] | None = None) -> Iterator[tuple[str, np.ndarray]]:
+                       where: Placement | None = None) -> Iterator[tuple[str, np.ndarray]]:
         """Decode arrays of exactly one chunk straight into their outputs, on the worker pool
         (each output is allocated by the worker that first writes it).  Arrays whose chunks
         lie side by side in a fetched buffer share slabs and are decoded a run at a time
         (see :mod:`.slabs`)."""
-        for (p, _), key, raw in zip(batch, keys, datas):
-            if raw is None and not self.fill_missing:
-                raise CorruptionError(
-                    f"array {p!r}: chunk {key!r} is missing (the checkpoint stores every chunk, so a "
-                    f"missing one means it is damaged or incomplete)", path=self.kv.url)
+        if not self.fill_missing and None in datas:
+            i = datas.index(None)
+            raise CorruptionError(
+                f"array {batch[i][0]!r}: chunk {keys[i]!r} is missing (the checkpoint stores every chunk, so "
+                f"a missing one means it is damaged or incomplete)", path=self.kv.url)
         outs: list[Any] = [None] * len(batch)
+        try:
+            slabs, rest, nbytes, big = self._slab_plan(batch, where)
+            mems: list[Any] = [None] * len(slabs)
 
-        def decode(i: int, out: np.ndarray | None = None) -> None:
-            p, m = batch[i]
-            raw = datas[i]
-            if out is None:
-                out = outs[i] = empty(m.shape, m.data_type.dtype, f"restoring array {p!r}")
-            try:
-                if raw is None:
-                    fv = m.fill_value
-                    out[...] = 0 if fv is None else fv
-                elif tuple(m.chunk_shape) == out.shape:
-                    m.chain.decode_into(raw, out)
-                else:  # the single chunk overhangs the array edge
-                    full = m.chain.decode(raw)
-                    out[...] = full[tuple(slice(0, n) for n in out.shape)]
-            except CorruptionError as e:
-                raise CorruptionError(f"array {p!r}: {e.reason}", path=self.kv.url) from e
+            def decode(i: int, out: np.ndarray | None = None) -> None:
+                p, m = batch[i]
+                raw = datas[i]
+                if out is None:
+                    out = outs[i] = empty(m.shape, m.data_type.dtype, f"restoring array {p!r}")
+                try:
+                    if raw is None:
+                        fv = m.fill_value
+                        out[...] = 0 if fv is None else fv
+                    elif tuple(m.chunk_shape) == out.shape:
+                        m.chain.decode_into(raw, out)
+                    else:  # the single chunk overhangs the array edge
+                        full = m.chain.decode(raw)
+                        out[...] = full[tuple(slice(0, n) for n in out.shape)]
+                except CorruptionError as e:
+                    raise CorruptionError(f"array {p!r}: {e.reason}", path=self.kv.url) from e
+                if where is None:
+                    datas[i] = None  # release the compressed bytes as soon as they are decoded
+                    if done is not None:
+                        done(i)
 
-        def place(i: int, mem: np.ndarray) -> np.ndarray:
-            m = batch[i][1]
-            out = outs[i] = mem.view(m.data_type.dtype).reshape(m.shape)
-            return out  # type: ignore[no-any-return]
+            def one_by_one(i: int, mem: np.ndarray, offset: int) -> None:
+                m = batch[i][1]
+                out = outs[i] = np.ndarray(m.shape, m.data_type.dtype, mem, offset)
+                decode(i, out)
 
-        def release(idxs: Iterator[int]) -> None:
-            for i in idxs:
-                datas[i] = None  # release the compressed bytes as soon as they are decoded
-                if done is not None:
-                    done(i)
+            def slab_job(k: int) -> Callable[[], None]:
+                def run() -> None:
+                    assert where is not None
+                    mems[k] = fill_slab(slabs[k], where.buffers, datas, nbytes, one_by_one)
+                return run
 
-        def slab_job(slab: list[Slot], codec: str) -> Callable[[], None]:
-            def run() -> None:
-                decode_slab(slab, codec, place, decode)
-                release(s[0] for s in slab)
-            return run
+            def job(idxs: list[int]) -> Callable[[], None]:
+                def run() -> None:
+                    for i in idxs:
+                        decode(i)
+                return run
 
-        def job(idxs: list[int]) -> Callable[[], None]:
-            def run() -> None:
-                for i in idxs:
-                    decode(i)
-                    release(iter((i,)))
-            return run
-
-        slabs, rest, big = self._slab_plan(batch, datas, where)
-        jobs = [slab_job(slab, codec) for codec, slab in slabs]
-        # jobs of ~1 MiB or 64 arrays amortize the pool round trip over many tiny arrays
-        lo = acc = 0
-        for k, (_, nb) in enumerate(rest):
-            acc += nb
-            if acc >= (1 << 20) or k - lo >= 63:
-                jobs.append(job([j for j, _ in rest[lo:k + 1]]))
-                lo, acc = k + 1, 0
-        if lo < len(rest):
-            jobs.append(job([j for j, _ in rest[lo:]]))
-        with paused_gc(), output_pages(big):
-            _run_jobs(jobs)
+            jobs = [slab_job(k) for k in range(len(slabs))]
+            # jobs of ~1 MiB or 64 arrays amortize the pool round trip over many tiny arrays
+            lo = acc = 0
+            for k, i in enumerate(rest):
+                acc += nbytes[i]
+                if acc >= (1 << 20) or k - lo >= 63:
+                    jobs.append(job(rest[lo:k + 1]))
+                    lo, acc = k + 1, 0
+            if lo < len(rest):
+                jobs.append(job(rest[lo:]))
+            with paused_gc(), output_pages(big):
+                _run_jobs(jobs)
+            for slab, mem in zip(slabs, mems):
+                for i, o in zip(slab.idx, slab.offsets):
+                    if outs[i] is None:
+                        m = batch[i][1]
+                        outs[i] = np.ndarray(m.shape, m.data_type.dtype, mem, o)
+        finally:
+            if where is not None:
+                where.release_all()
         for (p, _), out in zip(batch, outs):
             yield p, out
 
     @staticmethod
-    def _slab_plan(batch: list[tuple[str, Any]], datas: list[Any], where: list[Any] | None
-                   ) -> tuple[list[tuple[str, list[Slot]]], list[tuple[int, int]], int]:
-        """Split a single-chunk batch into slabs (by codec; see :mod:`.slabs`) and the arrays
-        decoded one by one (``(index, bytes)``); and the bytes of outputs large enough for
-        huge pages."""
-        info: dict[int, tuple[int, str | None]] = {}  # id(meta) -> (bytes, run codec)
-        by_codec: dict[str, list[Slot]] = {}
-        rest: list[tuple[int, int]] = []
-        big = 0
-        for i, (_, m) in enumerate(batch):
-            inf = info.get(id(m))
-            if inf is None:
-                nb = _nbytes(m)
-                exact = tuple(m.chunk_shape) == tuple(m.shape) and 0 < nb < HUGE_MIN
-                inf = info[id(m)] = (nb, run_codec(m.chain) if exact else None)
-            nb, codec = inf
-            w = where[i] if where is not None else None
-            if codec is not None and w is not None:
-                by_codec.setdefault(codec, []).append((i, nb, m.data_type.dtype.alignment, w[0], w[1], datas[i]))
-                continue
-            if nb >= HUGE_MIN:
-                big += nb
-            rest.append((i, nb))
-        slabs = [(codec, slab) for codec, slots in by_codec.items() for slab in plan_slabs(slots)]
-        return slabs, rest, big
+    def _slab_plan(batch: list[tuple[str, Any]], where: Placement | None
+                   ) -> tuple[list[Slab], list[int], list[int], int]:
+        """Slabs for the arrays of a single-chunk batch that can share them (see
+        :mod:`.slabs`), the indices of the arrays decoded one by one, every array's output
+        bytes, and the bytes of outputs large enough for huge pages."""
+        n = len(batch)
+        info: dict[int, tuple[int, int, int]] = {}  # id(meta) -> (bytes, run codec, alignment)
+        rows = []
+        for _, m in batch:
+            row = info.get(id(m))
+            if row is None:
+                size = _nbytes(m)
+                exact = tuple(m.chunk_shape) == tuple(m.shape) and 0 < size < HUGE_MIN
+                row = info[id(m)] = (size, run_codec(m.chain) if exact else 0, m.data_type.dtype.alignment)
+            rows.append(row)
+        cols = np.array(rows, np.int64).reshape(n, 3)
+        nb, codec, align = cols[:, 0], cols[:, 1], cols[:, 2]
+        if where is None:
+            codec = np.zeros(n, np.int64)
+            buf = rel = stored = codec
+        else:
+            buf, rel, stored = (np.array(x, np.int64) for x in (where.buf, where.rel, where.size))
+        ok = (codec > 0) & (buf >= 0)
+        el = np.flatnonzero(ok)
+        slabs = plan_slabs(el, codec[el], nb[el], align[el], buf[el], rel[el], stored[el])
+        rest = np.flatnonzero(~ok)
+        big = int(nb[rest][nb[rest] >= HUGE_MIN].sum())
+        return slabs, rest.tolist(), nb.tolist(), big
 
     def _read_whole(self, params: list[str]) -> Iterator[tuple[str, np.ndarray]]:
         """Large arrays, whole: the chunks of all of them flow through one bounded fetch ->
