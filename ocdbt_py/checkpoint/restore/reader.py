@@ -38,14 +38,14 @@ from ocdbt_py.checkpoint.restore.localread import LocalSource, Placement, local_
 from ocdbt_py.checkpoint.restore.locations import LocationTable
 from ocdbt_py.checkpoint.restore.pages import HUGE_MIN, output_pages
 from ocdbt_py.checkpoint.restore.remoteread import Prefetch, RemoteSource
-from ocdbt_py.checkpoint.restore.slabs import Slab, fill_slab, plan_slabs, run_codec
+from ocdbt_py.checkpoint.restore.singles import SingleBatch
 from ocdbt_py.checkpoint.restore.storage import ArrayStore
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request, slice_range
 from ocdbt_py.kvstore.prefixed import PrefixStore
 from ocdbt_py.pools import dedicated
 from zarr3._alloc import empty
-from zarr3._executor import num_threads, run_jobs, run_pipeline
+from zarr3._executor import num_threads, run_pipeline
 from zarr3.array import Array
 from zarr3.errors import ChunkNotFoundError, MetadataError
 from zarr3.metadata_v2 import parse_zarray
@@ -332,11 +332,35 @@ class ArrayReader:
                     return None
                 return io.submit(self._fetch, kind, payload)
 
+            # batch i decodes on the workers while batch i - 1's arrays are handed out and
+            # batch i + 1 is fetched
             nxt = start(0)
-            for i, (kind, payload) in enumerate(plan):
-                cur = nxt
-                nxt = start(i + 1) if i + 1 < len(plan) else None
-                yield from self._run_step(kind, payload, None if cur is None else cur.result())
+            decoding: SingleBatch | None = None
+            try:
+                for i, (kind, payload) in enumerate(plan):
+                    fetched = None if nxt is None else nxt.result()
+                    nxt = None
+                    if kind == "single":
+                        assert fetched is not None
+                        began = self._single(payload, fetched)
+                        nxt = start(i + 1) if i + 1 < len(plan) else None
+                        if decoding is not None:
+                            yield from decoding.results()
+                        decoding = began
+                        continue
+                    if decoding is not None:
+                        done, decoding = decoding, None
+                        yield from done.results()
+                    nxt = start(i + 1) if i + 1 < len(plan) else None
+                    yield from self._run_step(kind, payload, fetched)
+                if decoding is not None:
+                    done, decoding = decoding, None
+                    yield from done.results()
+            finally:
+                if decoding is not None:
+                    decoding.abandon()
+                if nxt is not None:
+                    _drop_fetched(nxt)
 
     def _plan(self, params: Sequence[str]) -> list[tuple[str, Any]]:
         """Split the arrays into ``("single", batch)``, ``("multi", batch)`` and ``("big", param)``."""
@@ -400,121 +424,18 @@ class ArrayReader:
         if kind == "big":
             yield from self._read_whole(payload)
             return
-        keys, datas, done, where = fetched if fetched is not None else self._fetch(kind, payload)
         if kind == "single":
-            yield from self._decode_single(payload, keys, datas, done, where)
-        else:
-            overlay = OverlayStore(self.kv, dict(zip(keys, datas)))
-            for p, _ in payload:
-                yield p, self._wrap(p, lambda p=p: self.array(p, overlay).read())
+            yield from self._single(payload, fetched if fetched is not None else self._fetch(kind, payload)).results()
+            return
+        keys, datas, _, _ = fetched if fetched is not None else self._fetch(kind, payload)
+        overlay = OverlayStore(self.kv, dict(zip(keys, datas)))
+        for p, _ in payload:
+            yield p, self._wrap(p, lambda p=p: self.array(p, overlay).read())
 
-    def _decode_single(self, batch: list[tuple[str, Any]], keys: list[str], datas: list[Any],
-                       done: Callable[[int], None] | None = None,
-                       where: Placement | None = None) -> Iterator[tuple[str, np.ndarray]]:
-        """Decode arrays of exactly one chunk straight into their outputs, on the worker pool
-        (each output is allocated by the worker that first writes it).  Arrays whose chunks
-        lie side by side in a fetched buffer share slabs and are decoded a run at a time
-        (see :mod:`.slabs`)."""
-        if not self.fill_missing and None in datas:
-            i = datas.index(None)
-            raise CorruptionError(
-                f"array {batch[i][0]!r}: chunk {keys[i]!r} is missing (the checkpoint stores every chunk, so "
-                f"a missing one means it is damaged or incomplete)", path=self.kv.url)
-        outs: list[Any] = [None] * len(batch)
-        try:
-            slabs, rest, nbytes, big = self._slab_plan(batch, where)
-            mems: list[Any] = [None] * len(slabs)
-
-            def decode(i: int, out: np.ndarray | None = None) -> None:
-                p, m = batch[i]
-                raw = datas[i]
-                if out is None:
-                    out = outs[i] = empty(m.shape, m.data_type.dtype, f"restoring array {p!r}")
-                try:
-                    if raw is None:
-                        fv = m.fill_value
-                        out[...] = 0 if fv is None else fv
-                    elif tuple(m.chunk_shape) == out.shape:
-                        m.chain.decode_into(raw, out)
-                    else:  # the single chunk overhangs the array edge
-                        full = m.chain.decode(raw)
-                        out[...] = full[tuple(slice(0, n) for n in out.shape)]
-                except CorruptionError as e:
-                    raise CorruptionError(f"array {p!r}: {e.reason}", path=self.kv.url) from e
-                if where is None:
-                    datas[i] = None  # release the compressed bytes as soon as they are decoded
-                    if done is not None:
-                        done(i)
-
-            def one_by_one(i: int, mem: np.ndarray, offset: int) -> None:
-                m = batch[i][1]
-                out = outs[i] = np.ndarray(m.shape, m.data_type.dtype, mem, offset)
-                decode(i, out)
-
-            def slab_job(k: int) -> Callable[[], None]:
-                def run() -> None:
-                    assert where is not None
-                    mems[k] = fill_slab(slabs[k], where.buffers, datas, nbytes, one_by_one)
-                return run
-
-            def job(idxs: list[int]) -> Callable[[], None]:
-                def run() -> None:
-                    for i in idxs:
-                        decode(i)
-                return run
-
-            jobs = [slab_job(k) for k in range(len(slabs))]
-            # jobs of ~1 MiB or 64 arrays amortize the pool round trip over many tiny arrays
-            lo = acc = 0
-            for k, i in enumerate(rest):
-                acc += nbytes[i]
-                if acc >= (1 << 20) or k - lo >= 63:
-                    jobs.append(job(rest[lo:k + 1]))
-                    lo, acc = k + 1, 0
-            if lo < len(rest):
-                jobs.append(job(rest[lo:]))
-            with paused_gc(), output_pages(big):
-                _run_jobs(jobs)
-            for slab, mem in zip(slabs, mems):
-                for i, o in zip(slab.idx, slab.offsets):
-                    if outs[i] is None:
-                        m = batch[i][1]
-                        outs[i] = np.ndarray(m.shape, m.data_type.dtype, mem, o)
-        finally:
-            if where is not None:
-                where.release_all()
-        for (p, _), out in zip(batch, outs):
-            yield p, out
-
-    @staticmethod
-    def _slab_plan(batch: list[tuple[str, Any]], where: Placement | None
-                   ) -> tuple[list[Slab], list[int], list[int], int]:
-        """Slabs for the arrays of a single-chunk batch that can share them (see
-        :mod:`.slabs`), the indices of the arrays decoded one by one, every array's output
-        bytes, and the bytes of outputs large enough for huge pages."""
-        n = len(batch)
-        info: dict[int, tuple[int, int, int]] = {}  # id(meta) -> (bytes, run codec, alignment)
-        rows = []
-        for _, m in batch:
-            row = info.get(id(m))
-            if row is None:
-                size = _nbytes(m)
-                exact = tuple(m.chunk_shape) == tuple(m.shape) and 0 < size < HUGE_MIN
-                row = info[id(m)] = (size, run_codec(m.chain) if exact else 0, m.data_type.dtype.alignment)
-            rows.append(row)
-        cols = np.array(rows, np.int64).reshape(n, 3)
-        nb, codec, align = cols[:, 0], cols[:, 1], cols[:, 2]
-        if where is None:
-            codec = np.zeros(n, np.int64)
-            buf = rel = stored = codec
-        else:
-            buf, rel, stored = (np.array(x, np.int64) for x in (where.buf, where.rel, where.size))
-        ok = (codec > 0) & (buf >= 0)
-        el = np.flatnonzero(ok)
-        slabs = plan_slabs(el, codec[el], nb[el], align[el], buf[el], rel[el], stored[el])
-        rest = np.flatnonzero(~ok)
-        big = int(nb[rest][nb[rest] >= HUGE_MIN].sum())
-        return slabs, rest.tolist(), nb.tolist(), big
+    def _single(self, batch: list[tuple[str, Any]], fetched: Fetched) -> SingleBatch:
+        """Start decoding a batch of single-chunk arrays (see :mod:`.singles`)."""
+        keys, datas, done, where = fetched
+        return SingleBatch(batch, keys, datas, done, where, fill_missing=self.fill_missing, url=self.kv.url)
 
     def _read_whole(self, params: list[str]) -> Iterator[tuple[str, np.ndarray]]:
         """Large arrays, whole: the chunks of all of them flow through one bounded fetch ->
@@ -642,6 +563,16 @@ class _LocalFetcher:
         return [None if d is None else (d, (lambda i=i: done(i))) for i, d in enumerate(datas)]
 
 
+def _drop_fetched(future: concurrent.futures.Future[Fetched]) -> None:
+    """Release the buffers of a batch fetched in advance and not used (the read stopped)."""
+    try:
+        where = future.result()[3]
+    except BaseException:
+        return
+    if where is not None:
+        where.release_all()
+
+
 def _decode_job(m: Any, data: Any, region: np.ndarray, local: tuple[slice, ...] | None) -> Callable[[], None]:
     if local is None:
         return lambda: m.chain.decode_into(data, region)
@@ -655,14 +586,6 @@ def _then(job: Callable[[], None], after: Callable[[], None]) -> Callable[[], No
         finally:
             after()
     return run
-
-
-def _run_jobs(jobs: list[Callable[[], None]]) -> None:
-    if len(jobs) == 1:
-        jobs[0]()
-        return
-
-    run_jobs(jobs)
 
 
 class LazyArray:
