@@ -7,7 +7,7 @@ import types
 import pytest
 
 import ocdbt_py
-from ocdbt_py.checkpoint.restore.locations import LocationTable, scan_locations
+from ocdbt_py.checkpoint.restore.locations import LocationTable, _decode_keys, scan_locations
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.format.data_file_table import DataFileId, IndirectDataReference
 from ocdbt_py.kvstore.memory import MemoryStore
@@ -71,3 +71,13 @@ def test_location_table_refuses_unsafe_paths() -> None:
     db = types.SimpleNamespace(entry_columns=lambda: iter([LeafColumns([b"k"], [4], [ref], 0)]))
     with pytest.raises(CorruptionError, match="unsafe data file path"):
         LocationTable().add(db, "db")
+
+
+@pytest.mark.parametrize("keys", [
+    [b"a/b", "\u00e9/x".encode(), b"\xff\xfe/bad", b"", b"z"],
+    [b"a\nb", b"c"],  # a newline in a key: decoded one by one
+    ["\u00e9".encode()[:1], b"x", "\u00e9".encode()[1:]],  # a character cut across two keys
+    [],
+])
+def test_keys_decode_in_bulk_as_one_by_one(keys: list[bytes]) -> None:
+    assert _decode_keys(keys) == [k.decode("utf-8", "surrogateescape") for k in keys]

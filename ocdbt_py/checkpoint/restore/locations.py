@@ -90,14 +90,15 @@ class LocationTable(Mapping[str, Location]):
                 gmap.append(g)
             gmap.append(-1)  # fidx -1 (inline) picks this
             base = len(self._fid)
-            self._fid.extend([gmap[f] for f in fidx])
+            fa = np.asarray(fidx, np.int64)
+            self._fid.extend(np.asarray(gmap, np.int64)[fa].tolist())
             self._off.extend(offsets)
             self._len.extend(lengths)
-            inline_at = [i for i, f in enumerate(fidx) if f < 0]
+            inline_at = np.flatnonzero(fa < 0).tolist()
             if inline_at:
                 for i, v in zip(inline_at, cols.inline(inline_at)):
                     self._inline[base + i] = v or b""
-            keys = [k.decode("utf-8", "surrogateescape") for k in cols.keys]
+            keys = _decode_keys(cols.keys)
             if first:  # keys of one database are distinct
                 index.update(zip(keys, range(base, base + len(keys))))
             else:
@@ -170,6 +171,15 @@ class LocationTable(Mapping[str, Location]):
         """:meth:`get` of each key."""
         get = self.get
         return [get(k) for k in keys]
+
+
+def _decode_keys(keys: list[bytes]) -> list[str]:
+    """``[k.decode("utf-8", "surrogateescape") for k in keys]``, in one decode when no key
+    holds a newline (UTF-8 decoding of the joined bytes splits at the ASCII separators)."""
+    blob = b"\n".join(keys)
+    if blob.count(b"\n") == len(keys) - 1 and keys:
+        return blob.decode("utf-8", "surrogateescape").split("\n")
+    return [k.decode("utf-8", "surrogateescape") for k in keys]
 
 
 def _safe_path(fk: bytes, where: str) -> str:
