@@ -335,30 +335,27 @@ class ArrayReader:
             # batch i decodes on the workers while batch i - 1's arrays are handed out and
             # batch i + 1 is fetched
             nxt = start(0)
-            decoding: SingleBatch | None = None
+            decoding: list[SingleBatch] = []
             try:
                 for i, (kind, payload) in enumerate(plan):
                     fetched = None if nxt is None else nxt.result()
                     nxt = None
                     if kind == "single":
                         assert fetched is not None
-                        began = self._single(payload, fetched)
+                        decoding.append(self._single(payload, fetched))
                         nxt = start(i + 1) if i + 1 < len(plan) else None
-                        if decoding is not None:
-                            yield from decoding.results()
-                        decoding = began
+                        if len(decoding) > 1:
+                            yield from decoding.pop(0).results()
                         continue
-                    if decoding is not None:
-                        done, decoding = decoding, None
-                        yield from done.results()
+                    while decoding:
+                        yield from decoding.pop(0).results()
                     nxt = start(i + 1) if i + 1 < len(plan) else None
                     yield from self._run_step(kind, payload, fetched)
-                if decoding is not None:
-                    done, decoding = decoding, None
-                    yield from done.results()
+                while decoding:
+                    yield from decoding.pop(0).results()
             finally:
-                if decoding is not None:
-                    decoding.abandon()
+                for batch in decoding:
+                    batch.abandon()
                 if nxt is not None:
                     _drop_fetched(nxt)
 

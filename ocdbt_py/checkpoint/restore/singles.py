@@ -45,6 +45,8 @@ class SingleBatch:
                  done: Callable[[int], None] | None, where: Placement | None, *,
                  fill_missing: bool, url: str):
         if not fill_missing and None in datas:
+            if where is not None:
+                where.release_all()
             i = datas.index(None)
             raise CorruptionError(
                 f"array {batch[i][0]!r}: chunk {keys[i]!r} is missing (the checkpoint stores every chunk, so "
