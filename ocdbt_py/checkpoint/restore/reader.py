@@ -5,9 +5,10 @@ of small arrays one by one would pay one storage round trip (and, for OCDBT, one
 descent) per metadata file and per chunk, so a whole-item read
 
 * parses each distinct metadata document once (layers of a model repeat them),
-* fetches the single chunk of many small arrays with one ``get_many`` per batch (the next
-  batch is fetched while the current one decodes) and decodes each straight into its output
-  on the worker pool,
+* fetches the single chunk of many small arrays with one ``get_many`` per batch and decodes
+  them on the worker pool (:mod:`.singles`: neighbours in a data file share slabs and are
+  decoded a run at a time, :mod:`.slabs`), while the previous batch is handed out and the
+  next one is fetched,
 * streams the chunks of all large arrays through one bounded fetch -> decode pipeline,
 * for items on the local filesystem, reads through :mod:`ocdbt_py.checkpoint.restore.localread`
   (coalesced ``preadv`` into reused buffers, ``mmap`` for large chunks) instead of allocating
