@@ -203,3 +203,25 @@ def test_background_encoders_keep_priority_on_remote_stores(monkeypatch: pytest.
     save(kv, tree, blocking=False, workers=2).wait(timeout=60)
     assert seen and set(seen) == {0}
     assert np.array_equal(restore(kv)["a1"], tree["a1"])
+
+
+@pytest.mark.parametrize("blocking, where, expect", [
+    (False, "local", "cores"), (True, "local", "default"), (False, "memory", "default"), (False, "url", "cores")])
+def test_background_saves_to_local_files_encode_on_one_thread_per_core(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, blocking: bool, where: str, expect: str) -> None:
+    """More encoder threads than cores only add GIL hand-offs that keep the training loop
+    waiting; writes to remote stores keep overlapping with more threads."""
+    used: list[int] = []
+    orig = pw.run_bounded
+
+    def spy(tasks: Any, workers: int, **k: Any) -> None:
+        used.append(workers)
+        orig(tasks, workers, **k)
+
+    monkeypatch.setattr(pw, "run_bounded", spy)
+    tree = {"a": np.arange(1000, dtype=np.float32)}
+    dest: Any = {"local": tmp_path / "c", "memory": MemoryStore(), "url": f"file://{tmp_path}/c"}[where]
+    save(dest, tree, blocking=blocking).wait(timeout=60)
+    cores = max(1, min(16, os.cpu_count() or 1))
+    assert used == [cores if expect == "cores" else pw.default_workers()]
+    assert pw.background_workers(True) == cores and pw.background_workers(False) == pw.default_workers()

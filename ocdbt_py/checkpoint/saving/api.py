@@ -47,7 +47,7 @@ from ocdbt_py.checkpoint.saving.params import (
     UnsupportedLeafError,
     flatten,
 )
-from ocdbt_py.checkpoint.saving.process_writer import ChunkJob, ProcessWriter, default_workers
+from ocdbt_py.checkpoint.saving.process_writer import ChunkJob, ProcessWriter, background_workers, default_workers
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
 
@@ -70,6 +70,14 @@ def background_nice() -> int:
         except ValueError:
             pass
     return BACKGROUND_NICE
+
+
+def _writes_local_files(path: Any) -> bool:
+    """Whether a save to ``path`` (a path, URL or :class:`KvStore`) writes local files."""
+    if isinstance(path, KvStore):
+        return path.local_path() is not None
+    text = os.fspath(path) if isinstance(path, os.PathLike) else path
+    return isinstance(text, str) and ("://" not in text or text.startswith("file://"))
 
 
 _HANDLERS = {"standard": layout_writer.STANDARD_HANDLER, "pytree": layout_writer.PYTREE_HANDLER}
@@ -372,7 +380,8 @@ def save(
                          ocdbt_target_data_file_size, replica_parallel, copy, workers, sync, use_ocdbt=use_ocdbt,
                         checksum=checksum)
     if not blocking:
-        opts = dataclasses.replace(opts, nice=background_nice())
+        opts = dataclasses.replace(opts, nice=background_nice(),
+                                   workers=workers or background_workers(_writes_local_files(path)))
     for h in handler.values() if isinstance(handler, Mapping) else [handler]:
         if h is not None and h not in _HANDLERS:
             raise ValueError(f"handler must be 'standard' or 'pytree', not {h!r}")
