@@ -26,6 +26,7 @@ def _tree() -> dict[str, Any]:
     t["bf16"] = rng.standard_normal(33).astype(ml_dtypes.bfloat16)
     t["grid"] = rng.integers(0, 1000, (17, 9), dtype=np.int64)
     t["one_u16"] = np.array([7], np.uint16)
+    t["zero_d"] = np.array(3.5, np.float64)
     t["wide"] = rng.standard_normal(600_000, dtype=np.float32)  # 2.4 MB: more than a slab holds
     return t
 
