@@ -53,8 +53,8 @@ from zarr3.metadata_v3 import ArrayMetadataV3, parse_zarr_json
 __all__ = ["ArrayReader", "LazyArray", "OverlayStore"]
 
 #: A fetched batch: its keys, their values (``None`` if absent), the callback releasing a
-#: value's buffer once decoded (``None`` for plain ``bytes``), and where each value lies in a
-#: shared buffer (``(buffer, offset)`` or ``None``; ``None`` for the whole batch when unknown).
+#: value's buffer once decoded (``None`` for plain ``bytes``), and where the values lie in the
+#: buffers they were read into (local reads, see :class:`~.localread.Placement`; else ``None``).
 Fetched = tuple[list[str], list[Any], "Callable[[int], None] | None", "Placement | None"]
 
 #: Bytes of (decoded) small arrays whose chunks are fetched in one batch (two batches are in
@@ -325,9 +325,9 @@ class ArrayReader:
                 yield from self._run_step(kind, payload, None)
             return
         # Batch i decodes on the workers while the main thread fetches batch i + 1 and hands
-        # out batch i - 1's arrays.  Fetching a local batch is Python work (locating, mapping):
-        # on a thread of its own it fought the main thread for the GIL (measured: each batch's
-        # fetch 10-16 ms instead of 4-5, the batch set-up 5 ms instead of 1).
+        # out batch i - 1's arrays.  Fetching a local batch is Python work (locating, mapping),
+        # so a thread of its own for it bought nothing: it only contended for the GIL (a fetch
+        # took 10-16 ms there instead of 4-5 ms, for the same total).
         ahead: Fetched | None = None
         decoding: list[SingleBatch] = []
         try:
