@@ -187,6 +187,10 @@ def restore(
     their dtype; ``...`` skips a leaf; ``None`` in place of a stored subtree restores that
     subtree as NumPy (``restore(path, {"params": None})``).  ``lazy=True`` returns :class:`LazyArray` leaves that
     read on ``np.asarray`` or slicing.
+
+    Small arrays restored from local files (under 8 MiB, stored as one chunk) are writeable
+    views of shared 2 MiB slabs (their ``base``), so that thousands of them decode a run at a
+    time; an array kept after the others are dropped keeps its slab alive.
     """
     r = resolve(path, step=step, storage_options=storage_options)
     if r.kind == Kind.STEP:
