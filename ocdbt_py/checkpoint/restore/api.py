@@ -188,7 +188,7 @@ def restore(
     subtree as NumPy (``restore(path, {"params": None})``).  ``lazy=True`` returns :class:`LazyArray` leaves that
     read on ``np.asarray`` or slicing.
 
-    Small arrays restored from local files (under 8 MiB, stored as one chunk) are writeable
+    Small arrays restored from local files (under 4 MiB, stored as one chunk) are writeable
     views of shared 2 MiB slabs (their ``base``), so that thousands of them decode a run at a
     time; an array kept after the others are dropped keeps its slab alive.
     """
