@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import call_worker  # bench/common.py (bench/ is on sys.path)
+from common import call_worker, warm_page_cache  # bench/common.py (bench/ is on sys.path)
 
 REPO = Path(__file__).resolve().parents[1]
 N_TENSORS = 8
@@ -179,14 +179,6 @@ WORKERS = {"restore": _w_restore, "export": _w_export, "st_save": _w_st_save, "i
 
 
 # -- setup -------------------------------------------------------------------------------------
-def _warm(path: Path) -> None:
-    for root, _, files in os.walk(path):
-        for f in files:
-            with open(os.path.join(root, f), "rb") as fh:
-                while fh.read(16 << 20):
-                    pass
-
-
 def _setup(d: Path, size: int) -> dict[str, str]:
     from ocdbt_py import checkpoint
 
@@ -214,7 +206,7 @@ def _setup(d: Path, size: int) -> dict[str, str]:
                     t.put(f"arr/{rel}", Path(root, f).read_bytes())
             t.commit()
     for p in paths.values():
-        _warm(Path(p))
+        warm_page_cache(Path(p))
     return paths
 
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import call_worker  # bench/common.py (bench/ is on sys.path)
+from common import call_worker, warm_page_cache  # bench/common.py (bench/ is on sys.path)
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
@@ -91,14 +91,6 @@ def _make(d: Path, size_mib: int, chunk_mib: int | None) -> tuple[Path, Path]:
     return a, b
 
 
-def _warm(p: Path) -> None:
-    for f in p.rglob("*"):
-        if f.is_file():
-            with open(f, "rb") as fh:
-                while fh.read(16 * MIB):
-                    pass
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/tmp/bench_inspect")
@@ -114,8 +106,8 @@ def main() -> None:
     d = Path(args.dir) / (f"{args.size_mib}mib" + (f"-c{args.chunk_mib}" if args.chunk_mib else ""))
     d.mkdir(parents=True, exist_ok=True)
     a, b = _make(d, args.size_mib, args.chunk_mib)
-    _warm(a)
-    _warm(b)
+    warm_page_cache(a)
+    warm_page_cache(b)
     best: dict[str, dict[str, Any]] = {}
     for _ in range(args.repeat):
         for kind in ("restore", "stats", "diff"):

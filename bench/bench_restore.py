@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import call_worker, repo_env  # bench/common.py (bench/ is on sys.path)
+from common import call_worker, repo_env, warm_page_cache  # bench/common.py (bench/ is on sys.path)
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
@@ -194,15 +194,6 @@ def worker(argv: list[str]) -> None:
 # -- driver ---------------------------------------------------------------------------------------
 
 
-def _warm(path: Path) -> None:
-    """Read every file below ``path`` (so the measured runs find them in the page cache)."""
-    for p in path.rglob("*"):
-        if p.is_file():
-            with open(p, "rb") as f:
-                while f.read(8 << 20):
-                    pass
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="/tmp/ocdbt_bench_restore")
@@ -228,7 +219,7 @@ def main() -> int:
             # alternate who goes first, and warm the page cache before each run, so that neither
             # side reads from disk what the other just brought into memory
             for who in (("ours", "orbax") if i % 2 == 0 else ("orbax", "ours")):
-                _warm(root / case)
+                warm_page_cache(root / case)
                 (ours if who == "ours" else theirs).append(call_worker(__file__, [who, str(root / case)], _JAX_ENV))
         bo = min(ours, key=lambda r: r["seconds"])
         bt = min(theirs, key=lambda r: r["seconds"])
@@ -249,12 +240,12 @@ def main() -> int:
         rss_ratio = r["ours_peak_mib"] * (1 << 20) / r["restored_bytes"]
         results["big_rss"] = {"peak_over_restored": rss_ratio, "target": 1.2}
         print(f"big     peak RSS / restored bytes = {rss_ratio:.2f} (target <= 1.2)", file=sys.stderr)
-    _warm(root / "meta10k")
+    warm_page_cache(root / "meta10k")
     metas = [call_worker(__file__, ["meta", str(root / "meta10k")], _JAX_ENV) for _ in range(a.repeat)]
     meta = min(metas, key=lambda r: r["seconds"])
     results["metadata_10k"] = {**meta, "target_s": 0.2}
     print(f"metadata() of {meta['leaves']} leaves: {meta['seconds']:.3f}s (target < 0.2 s)", file=sys.stderr)
-    _warm(root / "big")
+    warm_page_cache(root / "big")
     exp = call_worker(__file__, ["export", str(root / "big"), str(root / "export.safetensors")], _JAX_ENV)
     results["export_big"] = {**exp, "target_peak_mib": 300}
     print(f"export of big: {exp['seconds']:.2f}s, peak RSS {exp['peak_mib']:.0f} MiB (target < 300 MiB)",

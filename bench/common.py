@@ -81,6 +81,15 @@ def call_worker(script: str, args: Sequence[str], env: dict[str, str] | None = N
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def warm_page_cache(path: Path) -> None:
+    """Read every file below ``path``, so that the measured runs find them in the page cache."""
+    for p in path.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                while f.read(16 << 20):
+                    pass
+
+
 def upload_dir(fs: Any, local: Path, dest: str) -> None:
     """Copy a checkpoint directory to ``dest`` on an fsspec filesystem (skipped when there)."""
     if fs.exists(f"{dest}/_METADATA"):

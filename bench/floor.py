@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import call_worker, repo_env  # bench/common.py (bench/ is on sys.path)
+from common import call_worker, repo_env, warm_page_cache  # bench/common.py (bench/ is on sys.path)
 
 HERE = Path(__file__).resolve().parent
 RESTORE = str(HERE / "bench_restore.py")
@@ -202,14 +202,6 @@ def worker(argv: list[str]) -> None:
 # -- driver ---------------------------------------------------------------------------------------
 
 
-def _warm(path: Path) -> None:
-    for p in path.rglob("*"):
-        if p.is_file():
-            with open(p, "rb") as f:
-                while f.read(8 << 20):
-                    pass
-
-
 def measure(root: Path, case: str, repeat: int) -> dict[str, Any]:
     """Ours, Orbax and the floor (both page modes) of one case, best of ``repeat`` each."""
     item = root / case
@@ -217,7 +209,7 @@ def measure(root: Path, case: str, repeat: int) -> dict[str, Any]:
     order = list(runs)
     for i in range(repeat):
         for who in order[i % 4:] + order[: i % 4]:  # a different side first each round
-            _warm(item)
+            warm_page_cache(item)
             if who in ("ours", "orbax"):
                 runs[who].append(call_worker(RESTORE, [who, str(item)], _JAX_ENV))
             else:
