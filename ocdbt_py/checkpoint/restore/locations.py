@@ -10,7 +10,7 @@ import numpy as np
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.keys import validate_key
 
-__all__ = ["Location", "LocationTable", "scan_locations"]
+__all__ = ["Location", "LocationTable"]
 
 
 class Location:
@@ -26,33 +26,6 @@ class Location:
         self.offset = offset
         self.length = length
         self.inline = inline
-
-
-def scan_locations(db: Any, where: str) -> Iterator[tuple[str, str | None, int, int, bytes | None]]:
-    """``(key, data file, offset, length, inline)`` for every entry of ``db`` (an
-    :class:`~ocdbt_py.OcdbtStore`): inline values have no data file; data file paths are
-    checked to be safe relative keys (``where`` names the database in the error).
-
-    Reads the B+tree a leaf at a time as columns (no entry object, no reference object per
-    value); each distinct data file is checked once."""
-    checked: dict[bytes, str] = {}
-    for cols in db.entry_columns():
-        files, fidx, offsets, lengths = cols.locations()
-        paths = []
-        for f in files:
-            fk = f.path
-            path = checked.get(fk)
-            if path is None:
-                path = checked[fk] = _safe_path(fk, where)
-            paths.append(path)
-        inline_at = [i for i, f in enumerate(fidx) if f < 0]
-        inline = dict(zip(inline_at, cols.inline(inline_at))) if inline_at else {}
-        for i, (k, f, off, n) in enumerate(zip(cols.keys, fidx, offsets, lengths)):
-            key = k.decode("utf-8", "surrogateescape")
-            if f < 0:
-                yield key, None, 0, n, inline[i] or b""
-            else:
-                yield key, paths[f], off, n, None
 
 
 class LocationTable(Mapping[str, Location]):
@@ -73,7 +46,9 @@ class LocationTable(Mapping[str, Location]):
     def add(self, db: Any, where: str, store: int = 0, file_of: Callable[[str], str] | None = None) -> None:
         """Add the entries of ``db`` (an :class:`~ocdbt_py.OcdbtStore`) not present yet;
         their data files are named ``file_of(data file key)`` (default: the key) in store
-        number ``store``.  Data file paths are checked as :func:`scan_locations` does."""
+        number ``store``.  Data file paths must be safe relative keys (``where`` names the
+        database in the error); the B+tree is read a leaf at a time as columns, and each distinct
+        data file is checked once."""
         checked: dict[bytes, int] = {}
         first = self._dbs == 0
         self._dbs += 1
