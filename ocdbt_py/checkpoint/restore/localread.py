@@ -234,13 +234,7 @@ class LocalSource:
                 return
             m = maps.pop(i, None)
             if m is not None:
-                mm, base, view = m
-                view.release()
-                base.release()
-                try:
-                    mm.close()  # unmapped now: the pages leave this process's resident set
-                except BufferError:
-                    pass  # another view is still alive; the mapping goes when it does
+                _unmap([m[0], m[1], 0, [m[2]]])  # the pages leave this process's resident set
                 return
             b = owner[i]
             if b < 0:
@@ -267,12 +261,7 @@ class LocalSource:
             for sp in spans:
                 _unmap(sp)
             for mm, base, view in ms:
-                view.release()
-                base.release()
-                try:
-                    mm.close()
-                except BufferError:
-                    pass
+                _unmap([mm, base, 0, [view]])
             for buf in bufs:
                 self.pool.give(buf)
 
