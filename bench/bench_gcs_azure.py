@@ -91,7 +91,11 @@ def _call(args: list[str], env: dict[str, str]) -> dict[str, Any]:
 def _result(dt: float, r0: Any, nbytes: int, arrays: int, **extra: Any) -> dict[str, Any]:
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    return {"seconds": dt, "cpu_seconds": cpu, "bytes": nbytes, "arrays": arrays, **extra}
+    # the kernel's share: first-touch page faults of fresh memory (outputs, receive buffers)
+    # and the socket copies; on the development VM a fault's cost varies several-fold with
+    # whether the hypervisor still backs the page (free page reporting), for either client
+    return {"seconds": dt, "cpu_seconds": cpu, "sys_seconds": r1.ru_stime - r0.ru_stime,
+            "minor_faults": r1.ru_minflt - r0.ru_minflt, "bytes": nbytes, "arrays": arrays, **extra}
 
 
 # -- workers (fresh processes) -------------------------------------------------------------------
@@ -197,7 +201,12 @@ def _compare(runs: dict[str, list[dict[str, Any]]], a: str, b: str, loads: list[
             "ours_server_cpu_s": server[a], "peer_server_cpu_s": server[b],
             # both sides at their floor on 2 cores shared with the emulator / with it elsewhere
             "cpu_floor_ratio": (cpu[a] + server[a]) / (cpu[b] + server[b]),
-            "client_cpu_ratio": cpu[a] / cpu[b], "load": loads}
+            "client_cpu_ratio": cpu[a] / cpu[b], "load": loads,
+            # median system CPU seconds and minor faults per run, per side (see _result)
+            "ours_sys_s": statistics.median(r.get("sys_seconds", 0.0) for r in runs[a]),
+            "peer_sys_s": statistics.median(r.get("sys_seconds", 0.0) for r in runs[b]),
+            "ours_faults": statistics.median(r.get("minor_faults", 0) for r in runs[a]),
+            "peer_faults": statistics.median(r.get("minor_faults", 0) for r in runs[b])}
 
 
 def _rounds(sides: dict[str, list[str]], env: dict[str, str], repeat: int, tag: str,
@@ -212,7 +221,8 @@ def _rounds(sides: dict[str, list[str]], env: dict[str, str], repeat: int, tag: 
             if side.startswith("ours") and not res.get("direct"):
                 raise RuntimeError(f"[{tag}] {side}: the direct reader fell back to the client library")
             runs[side].append(res)
-            print(f"[{tag}] {side}: {res['seconds']:.3f} s (cpu {res['cpu_seconds']:.2f} s, emulator "
+            print(f"[{tag}] {side}: {res['seconds']:.3f} s (cpu {res['cpu_seconds']:.2f} s, "
+                  f"sys {res.get('sys_seconds', 0.0):.2f} s, {res.get('minor_faults', 0)} faults, emulator "
                   f"{res['server_cpu_seconds']:.2f} s), {res['arrays']} arrays, {res['bytes'] / 2**20:.0f} MiB",
                   file=sys.stderr, flush=True)
     return runs
@@ -314,8 +324,9 @@ def main() -> None:
     if "azure" in stores:
         results["azure"] = bench_azure(root, cases, args.repeat)
     lines = ["| store | case | comparison | best ours / peer (s) | ratio | pairs: median (range) | CPU s ours / peer "
-             "| emulator CPU s ours / peer | CPU-floor ratio (client + emulator) | client-CPU ratio | load |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| emulator CPU s ours / peer | CPU-floor ratio (client + emulator) | client-CPU ratio "
+             "| sys s (median) ours / peer | faults (median) ours / peer | load |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for store in ("gcs", "azure"):
         for case, row in results.get(store, {}).items():
             for label, r in row.items():
@@ -325,6 +336,8 @@ def main() -> None:
                              f"{r['ours_cpu_s']:.2f} / {r['peer_cpu_s']:.2f} | "
                              f"{r['ours_server_cpu_s']:.2f} / {r['peer_server_cpu_s']:.2f} | "
                              f"{r['cpu_floor_ratio']:.2f}x | {r['client_cpu_ratio']:.2f}x | "
+                             f"{r['ours_sys_s']:.2f} / {r['peer_sys_s']:.2f} | "
+                             f"{r['ours_faults'] / 1000:.0f}k / {r['peer_faults'] / 1000:.0f}k | "
                              f"{r['load'][0]:.1f}–{r['load'][1]:.1f} |")
     print("\n".join(lines))
     if args.json:

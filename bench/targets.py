@@ -104,6 +104,8 @@ def _objectstore(store: str, tmp: Path, quick: bool) -> list[Row]:
             out.append(_row(f"{store} restore {case}: {label}", v["ratio"], 0.7,
                             f"{v['ours_s']:.3f} / {v['peer_s']:.3f} s, pairs median {v['median_pair_ratio']:.2f}x"
                             + (f", client-CPU ratio {v['client_cpu_ratio']:.2f}x" if "client_cpu_ratio" in v
+                               else "")
+                            + (f", sys {v['ours_sys_s']:.2f} / {v['peer_sys_s']:.2f} s" if "ours_sys_s" in v
                                else "")))
     return out
 
