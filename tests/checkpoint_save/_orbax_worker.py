@@ -10,7 +10,6 @@ report maps each job's ``name`` to ``{"errors": [...], "info": {...}}``.  Job ki
   document, key and Zarr metadata byte for byte, then restore ours with Orbax and with
   ``ocdbt_py`` onto another mesh;
 * ``jax_async``: async save, then the caller deletes its arrays before ``wait()``;
-* ``jax_views``: async saves of CPU arrays hold views, safe against donation and ``delete()``;
 * ``chunk_shapes``: our chunk-shape choice vs Orbax's on many shapes;
 * ``mp_restore``: Orbax restores a multi-process save onto this process's 8-device meshes.
 """
@@ -25,7 +24,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import json  # noqa: E402
 import shutil  # noqa: E402
-import threading  # noqa: E402
 import traceback  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -43,9 +41,6 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from ocdbt_py import checkpoint as ocpy  # noqa: E402
-from ocdbt_py.checkpoint.saving import api as save_api  # noqa: E402
-from ocdbt_py.checkpoint.saving import jax_arrays, jax_views  # noqa: E402
-from ocdbt_py.checkpoint.saving import process_writer as pw  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -349,85 +344,6 @@ def job_jax_repeat(job: dict[str, Any]) -> dict[str, Any]:
     return {"errors": errs}
 
 
-def job_jax_views(job: dict[str, Any]) -> dict[str, Any]:
-    """Async saves hold views of CPU jax.Array buffers instead of copies: while the background
-    save is held back, the caller donates every array to an in-place update, deletes it and
-    allocates more device memory; the checkpoint still holds the values at save(), no host
-    copy was made, and once the save is done the next update donates in place again.  With
-    the jaxlib check failing (forced), the arrays are copied and the result is the same."""
-    errs: list[str] = []
-    if not jax_views.views_pin_cpu_buffers():
-        errs.append("views_pin_cpu_buffers() is False on this jaxlib: async saves of CPU arrays copy them")
-    mesh = _mesh42()
-    step = jax.jit(lambda t: jax.tree.map(lambda x: x.at[0].add(1), t), donate_argnums=0)
-    copies: list[int] = []
-    real_copy = save_api.copy_arrays
-    gate = threading.Event()
-    real = {n: getattr(pw, n) for n in ("encode_chunk", "encode_small", "encode_small_batch")}
-
-    def gated(fn: Any) -> Any:
-        def wrapper(*a: Any, **k: Any) -> Any:
-            gate.wait(60)
-            return fn(*a, **k)
-        return wrapper
-
-    def counting_copy(arrays: Any, *a: Any, **k: Any) -> Any:
-        copies.append(len(arrays))
-        return real_copy(arrays, *a, **k)
-
-    pin = jax_views.views_pin_cpu_buffers
-    save_api.copy_arrays = counting_copy
-    for n, fn in real.items():
-        setattr(pw, n, gated(fn))
-    try:
-        for label, pinned in (("views", True), ("copies", False)):
-            pin.cache_clear()
-            jax_arrays._layout_cache.clear()
-            jax_arrays.views_pin_cpu_buffers = pin if pinned else (lambda: False)
-            copies.clear()
-            gate.clear()
-            tree = {f"w{i}": jax.device_put(np.arange(64 * 48, dtype=np.float32).reshape(64, 48) * (i + 1),
-                                            NamedSharding(mesh, P("data", "model"))) for i in range(3)}
-            tree = step(tree)  # computation outputs, as in a training loop
-            jax.block_until_ready(tree)
-            expected = _to_numpy(tree)
-            h = ocpy.save(Path(job["dir"]) / label, tree, blocking=False)
-            old = tree
-            tree = step(tree)  # donates the arrays the save holds
-            jax.block_until_ready(tree)
-            if label == "views" and any(v.is_deleted() for v in old.values()):
-                errs.append("views: an array held by the save was donated")
-            for v in old.values():
-                v.delete()
-            junk = [jax.device_put(np.full((64, 48), -7, np.float32), NamedSharding(mesh, P("data", "model")))
-                    for _ in range(8)]
-            jax.block_until_ready(junk)
-            gate.set()
-            h.wait()
-            if label == "views" and copies:
-                errs.append(f"views: host copies were made of {copies} arrays")
-            if label == "copies" and not copies:
-                errs.append("copies: no host copy was made with the check failing")
-            got = _to_numpy(ocp.PyTreeCheckpointer().restore(Path(job["dir"]) / label))
-            for k, v in expected.items():
-                if not np.array_equal(got[k], v):
-                    errs.append(f"{label}/{k}: differs from the values at save()")
-            if np.array_equal(expected["w0"], _to_numpy(tree)["w0"]):
-                errs.append(f"{label}: the update changed nothing (the test checks nothing)")
-            held = tree
-            tree = step(tree)  # the save is done: nothing views the arrays any more
-            jax.block_until_ready(tree)
-            if label == "views" and not all(v.is_deleted() for v in held.values()):
-                errs.append("views: after the save, the next update could not donate (views still held)")
-    finally:
-        save_api.copy_arrays = real_copy
-        jax_arrays.views_pin_cpu_buffers = pin
-        jax_arrays._layout_cache.clear()
-        for n, fn in real.items():
-            setattr(pw, n, fn)
-    return {"errors": errs}
-
-
 def job_chunk_shapes(job: dict[str, Any]) -> dict[str, Any]:
     from orbax.checkpoint._src.arrays import subchunking
     from orbax.checkpoint._src.serialization import tensorstore_utils as tsu
@@ -554,7 +470,6 @@ JOBS = {
     "jax_layout": job_jax_layout,
     "jax_async": job_jax_async,
     "jax_repeat": job_jax_repeat,
-    "jax_views": job_jax_views,
     "chunk_shapes": job_chunk_shapes,
     "mp_restore": job_mp_restore,
 }

@@ -154,7 +154,6 @@ def oracle(tmp_path_factory: pytest.TempPathFactory) -> Report:
          "options": {"chunk_byte_size": 64, "ocdbt_target_data_file_size": 600}},
         {"name": "jax_async", "kind": "jax_async", "path": str(root / "jax_async")},
         {"name": "jax_repeat", "kind": "jax_repeat", "dir": str(root / "jax_repeat")},
-        {"name": "jax_views", "kind": "jax_views", "dir": str(root / "jax_views")},
         {"name": "jax_pytrees", "kind": "jax_pytrees", "dir": str(root / "jax_pytrees")},
         {"name": "chunk_shapes", "kind": "chunk_shapes", "count": 400},
     ]

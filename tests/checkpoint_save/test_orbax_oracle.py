@@ -47,10 +47,6 @@ def test_repeated_async_jax_saves_keep_the_values_at_save_time(oracle: Report) -
     assert oracle.errors("jax_repeat") == []
 
 
-def test_async_saves_of_cpu_jax_arrays_hold_views_safe_from_donation(oracle: Report) -> None:
-    assert oracle.errors("jax_views") == []
-
-
 def test_chunk_shapes_agree_with_orbax(oracle: Report) -> None:
     assert oracle.errors("chunk_shapes") == []
     assert oracle.info("chunk_shapes")["cases"] > 300

@@ -358,10 +358,6 @@ def save(
       standard unless the tree holds strings); a dict gives it per item of a composite save.
     * ``blocking=False``: return once host copies are made (``copy`` defaults to ``True`` then,
       so the caller may modify or donate its arrays); ``handle.wait()`` re-raises any error.
-      A ``jax.Array`` on CPU devices is not copied but held as a view of its buffers, which
-      JAX neither reuses for a donating computation (that one writes new buffers) nor frees
-      until the save is done (checked once per process; where this jaxlib behaves otherwise,
-      it is copied like a NumPy array).
       A later save waits for the previous one.  ``keep_copy_buffer``: keep the copies' buffer
       for the next async save (a training loop then copies at memcpy speed, without page
       faults); it holds that much host memory between saves
@@ -396,13 +392,9 @@ def save(
     init_ns = time.time_ns()
 
     def work() -> None:
-        try:
-            _run(dest, plans, coord, opts, composite, force, custom_metadata, init_ns)
-        finally:
-            # nothing references the copies, or the views of the caller's CPU jax.Array
-            # buffers (which JAX does not donate while they are viewed), any more
-            plans.clear()
+        _run(dest, plans, coord, opts, composite, force, custom_metadata, init_ns)
         if arena is not None and keep_copy_buffer:
+            plans.clear()  # nothing references the copies any more
             keep_arena(arena)
 
     return async_save.start(dest.display, work, blocking=blocking, started=started)

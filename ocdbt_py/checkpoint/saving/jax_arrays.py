@@ -21,7 +21,6 @@ import numpy as np
 
 from ocdbt_py.checkpoint.saving.arrays import storage_dtype
 from ocdbt_py.checkpoint.saving.chunking import replica_parallel_axis
-from ocdbt_py.checkpoint.saving.jax_views import views_pin_cpu_buffers
 
 __all__ = ["Piece", "JaxArrayPlan", "plan_jax_array", "default_replica_parallel", "sharding_json"]
 
@@ -30,10 +29,8 @@ __all__ = ["Piece", "JaxArrayPlan", "plan_jax_array", "default_replica_parallel"
 class Piece:
     """A region this process writes: its global origin and its host data.
 
-    ``shared`` is true when an asynchronous save must copy ``data``: it views a CPU device's
-    buffer and this jaxlib does not keep such buffers from donation while they are viewed
-    (see :mod:`~ocdbt_py.checkpoint.saving.jax_views`).  A transfer from an accelerator is
-    already a private copy.
+    ``shared`` is true when ``data`` views the device buffer itself (CPU devices), so an
+    asynchronous save must copy it; a transfer from an accelerator is already a private copy.
     """
 
     origin: tuple[int, ...]
@@ -195,8 +192,7 @@ def _make_layout(arr: Any, shape: tuple[int, ...], replica_parallel: bool,
     shard_shape = tuple(int(d) for d in shards[0].data.shape)
     replicas = _num_replicas(arr.sharding, shape)
     axis = replica_parallel_axis(shard_shape, replicas) if replica_parallel else None
-    # views of CPU buffers need a copy only where JAX could donate them while viewed
-    shared = all(getattr(sh.device, "platform", "cpu") == "cpu" for sh in shards) and not views_pin_cpu_buffers()
+    shared = all(getattr(sh.device, "platform", "cpu") == "cpu" for sh in shards)
     parts: list[tuple[int, tuple[int, ...], tuple[slice, ...] | None]] = []
     if devices is not None:
         write_shape = shard_shape
