@@ -12,12 +12,13 @@ wall and process CPU time, load average recorded):
   ``blocking_seconds``; the save is waited for outside the timing), NumPy and, with
   ``--jax``, the 8-device ``jax.Array`` tree.
 
-    flock /work/m20/bench.lock python bench/cont_floor.py --repeat 15 [--jax]
+    flock /work/m20/bench.lock python bench/cont_floor.py --repeat 15 [--jax] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -54,6 +55,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--jax", action="store_true")
     ap.add_argument("--no-save", action="store_true")
+    ap.add_argument("--json", default=None, help="also write best/median wall ms per case to this file")
     args = ap.parse_args()
     shapes = model_shapes(1024, 5, 16384)
     params = build_params(shapes, "numpy")
@@ -113,6 +115,11 @@ def main() -> None:
         note = " (blocked)" if k.startswith("save()") else ""
         print(f"| {k}{note} | {1000 * w[0]:.1f} · {1000 * statistics.median(w):.1f} | "
               f"{nbytes / w[0] / 1e9:.1f} | {1000 * statistics.median(cpu[k]):.1f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "nbytes": nbytes, "arrays": len(arrays), "load": [load0, load1],
+            "cases": {k: {"best_ms": 1000 * min(v), "median_ms": 1000 * statistics.median(v)}
+                      for k, v in wall.items()}}, indent=1))
 
 
 if __name__ == "__main__":

@@ -84,14 +84,22 @@ def manager(tmp: Path, quick: bool) -> list[Row]:
     steps = "60" if quick else "200"
     r = _run("bench_manager.py", ["--variants", "numpy-sleep,jax-sleep", "--configs", "baseline,continuous",
                                   "--steps", steps], tmp / "m.json")
+    # the floor in the same run: a memory-bandwidth copy of the model (2 threads, warm buffers),
+    # which save() must make of state the caller mutates or donates next
+    fl = _run("cont_floor.py", ["--repeat", "5" if quick else "15", "--no-save"], tmp / "cf.json")
+    copy_ms = fl["cases"]["memcpy 2 threads"]["median_ms"]
     out = []
     for v in r["results"]:
         if v["config"] == "continuous" and "overhead" in v:
             u, w, s = v["split_ms"]
+            interval = v["interval_p50"] or 0.0
+            # one copy per save interval: its share of every step's time
+            floor = (f", copy floor {copy_ms:.0f} ms per save = {100 * copy_ms / (1000 * interval):.1f}% "
+                     "at this interval") if interval else ""
             out.append(_row(f"Continuous() {v['variant']} step overhead", 100 * v["overhead"], 3.0,
                             f"update / wait / save() {u:+.1f} / {w:+.1f} / {s:+.1f} ms per step, "
                             f"blocked per save P50 {v['blocked_started_p50_ms'] or 0:.0f} ms, "
-                            f"interval {v['interval_p50'] or 0:.2f} s", unit="%"))
+                            f"interval {interval:.2f} s" + floor, unit="%"))
     return out
 
 
