@@ -12,9 +12,10 @@ that is already mapped, at memcpy speed.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import mmap
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,8 @@ from ocdbt_py.pools import shared
 __all__ = ["copy_arrays", "keep_arena", "release_cached_arena"]
 
 _ALIGN = 64
-_PIECE = 32 << 20
+#: Copies are cut into pieces of at most about this size, taken in turn by the copying threads
+_PIECE = 4 << 20
 _lock = threading.Lock()
 _cached: np.ndarray | None = None
 
@@ -93,40 +95,48 @@ def copy_arrays(
         rows = max(1, _PIECE // max(1, a.nbytes // a.shape[0]))
         for start in range(0, a.shape[0], rows):
             jobs.append((dst[start:start + rows], a[start:start + rows]))
-    groups = _balanced_groups(jobs, workers)
-    if len(groups) <= 1:
-        _copy_group(jobs)
-    else:  # the caller copies the first group while the pool copies the others
-        futures = [_copy_pool().submit(_copy_group, g) for g in groups[1:]]
-        _copy_group(groups[0])
+    pieces = _pieces(jobs)
+    n = max(1, min(workers, 4, len(pieces)))
+    if n == 1:
+        for dst, src in jobs:
+            np.copyto(dst, src)
+    else:  # the caller copies too
+        order = itertools.count()
+        futures = [_copy_pool().submit(_copy_pieces, pieces, order) for _ in range(n - 1)]
+        _copy_pieces(pieces, order)
         for f in futures:
             f.result()
     return outs, arena
 
 
+def _pieces(jobs: list[tuple[np.ndarray, Any]]) -> list[list[tuple[np.ndarray, Any]]]:
+    """``jobs`` in order, grouped into pieces of up to about :data:`_PIECE` bytes (small
+    arrays together: one turn per piece, not per array)."""
+    out: list[list[tuple[np.ndarray, Any]]] = []
+    size = _PIECE
+    for job in jobs:
+        n = job[0].nbytes
+        if size + n > _PIECE:
+            out.append([])
+            size = 0
+        out[-1].append(job)
+        size += n
+    return out
+
+
+def _copy_pieces(pieces: Sequence[list[tuple[np.ndarray, Any]]], order: Iterator[int]) -> None:
+    """Copy the pieces whose turn comes up in ``order`` (shared by the copying threads) until
+    none is left.  Each thread takes the next piece when it is free, so one that starts late
+    or runs slow (a vCPU the host preempts) leaves its share to the others instead of holding
+    up the whole copy: in the ``bench_manager.py`` loop, the 304 MiB model split into two
+    halves up front took p50 21 / p90 28 / max 77 ms."""
+    for i in order:  # next() of an itertools.count is atomic
+        if i >= len(pieces):
+            return
+        for dst, src in pieces[i]:
+            np.copyto(dst, src)
+
+
 def _copy_pool() -> concurrent.futures.ThreadPoolExecutor:
     """Threads kept for copies between saves (starting threads per save costs milliseconds)."""
     return shared("copy")
-
-
-def _copy_group(jobs: Sequence[tuple[np.ndarray, Any]]) -> None:
-    for dst, src in jobs:
-        np.copyto(dst, src)
-
-
-def _balanced_groups(jobs: list[tuple[np.ndarray, Any]], workers: int) -> list[list[tuple[np.ndarray, Any]]]:
-    """``jobs`` cut into at most ``workers`` runs of about equal bytes (one task per thread
-    rather than one per piece: hundreds of small submissions cost more than they save)."""
-    n = max(1, min(workers, 4, len(jobs)))
-    total = sum(dst.nbytes for dst, _ in jobs)
-    if n == 1 or total == 0:
-        return [jobs] if jobs else []
-    share = total / n
-    groups: list[list[tuple[np.ndarray, Any]]] = [[]]
-    acc = 0
-    for job in jobs:
-        if acc >= share * len(groups) and len(groups) < n:
-            groups.append([])
-        groups[-1].append(job)
-        acc += job[0].nbytes
-    return [g for g in groups if g]
