@@ -7,7 +7,10 @@ wall and process CPU time, load average recorded):
   split in halves over two threads): the machine's memory bandwidth, the least any
   checkpointer that snapshots mutable state pays per save;
 * ``copy_arrays w=N``: ``host_copy.copy_arrays`` of the model's 53 arrays into the kept
-  buffer with N copy groups (what ``save()`` blocks on);
+  buffer with N copy threads (what ``save()`` blocks on);
+* ``copy_arrays w=2, 4 KiB-page sources``: the same from copies of the arrays placed on
+  ordinary pages (a caller's arrays often are; XLA's CPU buffers always are), against
+  ``..., huge-page sources`` (the floor's own buffers are huge-page advised);
 * ``save() blocked``: ``save(..., blocking=False)`` of the model (the handle's
   ``blocking_seconds``; the save is waited for outside the timing), NumPy and, with
   ``--jax``, the 8-device ``jax.Array`` tree.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import statistics
 import sys
@@ -50,6 +54,23 @@ def _memcpy(dst: np.ndarray, src: np.ndarray, threads: int) -> None:
         t.join()
 
 
+def _placed(arrays: list[np.ndarray], huge: bool) -> list[np.ndarray]:
+    """Copies of ``arrays`` in one mapping advised for huge pages or against them."""
+    total = sum(-(-a.nbytes // 4096) * 4096 for a in arrays)
+    m = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_HUGEPAGE" if huge else "MADV_NOHUGEPAGE", None)
+    if advice is not None:
+        m.madvise(advice)
+    buf = np.frombuffer(m, dtype=np.uint8)
+    out, off = [], 0
+    for a in arrays:
+        dst = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+        dst[...] = a
+        out.append(dst)
+        off += -(-a.nbytes // 4096) * 4096
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=15)
@@ -70,10 +91,17 @@ def main() -> None:
         "memcpy 2 threads": lambda: _memcpy(dst, src, 2),
     }
     for w in (1, 2, 4):
-        def cp(w: int = w) -> None:
+        def cp(w: int = w, arrays: list[np.ndarray] = arrays) -> None:
             _, arena = host_copy.copy_arrays(arrays, w, reuse=True)
             host_copy.keep_arena(arena)
         cases[f"copy_arrays w={w}"] = cp
+    for label, huge in (("4 KiB-page", False), ("huge-page", True)):
+        placed = _placed(arrays, huge)
+
+        def cp_placed(placed: list[np.ndarray] = placed) -> None:
+            _, arena = host_copy.copy_arrays(placed, 2, reuse=True)
+            host_copy.keep_arena(arena)
+        cases[f"copy_arrays w=2, {label} sources"] = cp_placed
     tmp = tempfile.mkdtemp(prefix="cont_floor_")
     if not args.no_save:
         from ocdbt_py.checkpoint import save
