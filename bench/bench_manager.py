@@ -408,6 +408,11 @@ def summarize(raw: dict[str, Any], base: dict[str, Any] | None, mtbfs: list[floa
         # where the extra time per step goes: the update, the sleep/burn, blocked in save()
         out["split_ms"] = (1000 * (raw["update_mean"] - base["update_mean"]),
                            1000 * (raw["wait_mean"] - base["wait_mean"]), out["blocked_mean_ms"])
+        if raw["variant"].endswith("-sleep"):
+            # the sleep is shortened by however long the update took, so a slower update (work
+            # moved into the step, or the dispatch waiting for the GIL) does not lengthen the
+            # step; counted here as if the device had to wait for it
+            out["overhead_with_update"] = (mean + raw["update_mean"] - base["update_mean"]) / bmean - 1
     if commits:
         age = mean_age(commits, starts, raw["measure_start"], raw["loop_end"], raw["loop_start"])
         lost = age + (raw["restore"] or 0.0)
@@ -447,7 +452,9 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, mtbfs: list[
                               for m in mtbfs)
             lines.append(
                 f"| {r['config']} | {r['mean'] * 1000:.1f} | {r['p50'] * 1000:.1f} / {r['p95'] * 1000:.1f} "
-                f"| {_fmt(100 * r['overhead'] if 'overhead' in r else None, '+.1f', '%')} "
+                f"| {_fmt(100 * r['overhead'] if 'overhead' in r else None, '+.1f', '%')}"
+                + (f" ({100 * r['overhead_with_update']:+.1f}% with the update's slowdown)"
+                   if "overhead_with_update" in r else "") + " "
                 f"| {' / '.join(f'{x:+.1f}' for x in r['split_ms']) if 'split_ms' in r else '–'} "
                 f"| {r['blocked_mean_ms']:.2f} ({_fmt(r['blocked_started_p50_ms'], '.0f')}) "
                 f"| {r['commits']} | {_fmt(r['interval_p50'])} | {_fmt(r['duration_p50'])} | "
@@ -455,13 +462,13 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, mtbfs: list[
                 f"| {good} |")
         lines.append("")
         for r in (r for r in results if r["variant"] == variant and r["config"] == "continuous"):
-            ok_o = r.get("overhead", 1.0) <= 0.05
+            over = r.get("overhead", 1.0)
             ratio = (r["interval_p50"] / r["duration_p50"]
                      if r.get("interval_p50") and r.get("duration_p50") else float("inf"))
-            lines.append(f"Target (`Continuous`: overhead <= 5%, P50 interval <= 1.5x save duration): "
-                         f"overhead {100 * r.get('overhead', float('nan')):+.1f}% "
-                         f"({'met' if ok_o else 'missed'}), interval/save {ratio:.2f}x "
-                         f"({'met' if ratio <= 1.5 else 'missed'}).\n")
+            lines.append(f"Targets (`Continuous`: overhead <= 3% (issue 20; issue 7: <= 5%), P50 interval <= "
+                         f"1.5x save duration): overhead {100 * over:+.1f}% "
+                         f"({'met' if over <= 0.03 else 'missed'}; issue 7's {'met' if over <= 0.05 else 'missed'}), "
+                         f"interval/save {ratio:.2f}x ({'met' if ratio <= 1.5 else 'missed'}).\n")
     return "\n".join(lines)
 
 

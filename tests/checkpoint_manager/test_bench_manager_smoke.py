@@ -33,7 +33,7 @@ def test_tiny_run(tmp_path: Path) -> None:
     p = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "## Checkpoint manager goodput" in p.stdout
-    assert "| continuous |" in p.stdout and "Target (`Continuous`" in p.stdout
+    assert "| continuous |" in p.stdout and "Targets (`Continuous`" in p.stdout
     res = {r["config"]: r for r in json.loads(out.read_text())["results"]}
     assert set(res) == {"baseline", "continuous", "continuous-min", "fixed"}
     for r in res.values():
