@@ -97,20 +97,37 @@ class IoSink:
     def __init__(self, max_pending: int | None = None):
         self._inline = num_threads() == 1
         self._sem = threading.BoundedSemaphore(max_pending or 2 * num_threads() + 2)
-        self._futures: list[concurrent.futures.Future[Any]] = []
+        # only the writes not yet finished are kept (a write of a million chunks does not
+        # keep a million futures, nor scan them on every submit), and the first failure
+        self._pending: set[concurrent.futures.Future[Any]] = set()
+        self._error: BaseException | None = None
         self._flock = threading.Lock()
 
     def _run(self, fn: Job) -> None:
         try:
             fn()
+        except BaseException as e:
+            with self._flock:
+                if self._error is None:
+                    self._error = e
+            raise
         finally:
             self._sem.release()
 
+    def _forget(self, fut: concurrent.futures.Future[Any]) -> None:
+        with self._flock:
+            self._pending.discard(fut)
+
     def submit(self, fn: Job) -> None:
-        """Queue ``fn`` (blocks while ``max_pending`` writes are outstanding)."""
+        """Queue ``fn`` (blocks while ``max_pending`` writes are outstanding); raises the first
+        failure of an earlier write instead of queueing more after it."""
         if self._inline:
             fn()
             return
+        with self._flock:
+            err = self._error
+        if err is not None:
+            raise err
         self._sem.acquire()
         try:
             fut = get_io_pool().submit(self._run, fn)
@@ -118,19 +135,18 @@ class IoSink:
             self._sem.release()
             raise
         with self._flock:
-            self._futures.append(fut)
-            failed = [f for f in self._futures if f.done() and f.exception() is not None]
-        if failed:
-            failed[0].result()
+            self._pending.add(fut)
+        fut.add_done_callback(self._forget)
 
     def wait(self, *, suppress: bool = False) -> None:
         """Wait for every queued write; re-raise the first error unless ``suppress``."""
         with self._flock:
-            futures = list(self._futures)
+            futures = list(self._pending)
         concurrent.futures.wait(futures)
-        if not suppress:
-            for f in futures:
-                f.result()
+        with self._flock:
+            err = self._error
+        if err is not None and not suppress:
+            raise err
 
 
 def batched(items: Iterable[T], n: int) -> Iterator[list[T]]:
