@@ -576,16 +576,6 @@ class Array:
     def _skip_fill(self) -> bool:
         return not self.write_empty_chunks and self._meta.fill_value is not None
 
-    def _store_encoded(self, sink: IoSink, key: str, data: Buffer | None) -> None:
-        store = self._store
-        if data is None:
-            sink.submit(lambda: store.delete(key))
-            return
-        if not isinstance(data, bytes):
-            data = bytes(data)  # may view a scratch buffer that is about to be reused
-        payload = data
-        sink.submit(lambda: store.set(key, payload))
-
     def _write_chunks(self, sel: Selection, val: np.ndarray) -> None:
         meta = self._meta
         chain = self._chain
@@ -604,47 +594,31 @@ class Array:
 
         sink = IoSink()
 
-        def finish(key: str, chunk: np.ndarray) -> None:
-            # `chunk` may be the worker's scratch buffer; _store_encoded copies views of it
+        def encoded(chunk: np.ndarray) -> bytes | None:
+            """The stored bytes of ``chunk`` (``None``: delete the key); a copy, as ``chunk``
+            may be the worker's scratch buffer."""
             if skip_fill and equals_fill(chunk, fill):
-                self._store_encoded(sink, key, None)
-            else:
-                self._store_encoded(sink, key, chain.encode(chunk, write_empty_chunks=self.write_empty_chunks))
+                return None
+            enc = chain.encode(chunk, write_empty_chunks=self.write_empty_chunks)
+            return None if enc is None else bytes(enc)
 
-        def covered_job(key: str, combo: tuple[ChunkDimSel, ...]) -> Job:
-            def job() -> None:
-                part = val[tuple(p.out for p in combo)]
-                chunk = scratch.array(meta.chunk_shape, dtype)
-                if all(p.full for p in combo):
-                    np.copyto(chunk, part)
-                else:  # edge chunk: pad with the fill value
-                    chunk[...] = fill_elem
-                    chunk[tuple(p.local for p in combo)] = part
-                finish(key, chunk)
+        def finish(key: str, chunk: np.ndarray) -> None:
+            self._store_batch(sink, [(key, encoded(chunk))])
 
-            return job
+        def covered_chunk(combo: tuple[ChunkDimSel, ...]) -> np.ndarray:
+            part = val[tuple(p.out for p in combo)]
+            chunk = scratch.array(meta.chunk_shape, dtype)
+            if all(p.full for p in combo):
+                np.copyto(chunk, part)
+            else:  # edge chunk: pad with the fill value
+                chunk[...] = fill_elem
+                chunk[tuple(p.local for p in combo)] = part
+            return chunk
 
-        def covered_batch(units: list[tuple[str, tuple[ChunkDimSel, ...]]]) -> Job:
-            # small chunks: encoded together and stored by one queued write, so that the
+        def covered_job(units: list[tuple[str, tuple[ChunkDimSel, ...]]]) -> Job:
+            # small chunks come several to a job, stored by one queued write, so that the
             # per-job and per-write costs of the pools are paid once per batch, not per chunk
-            def job() -> None:
-                out: list[tuple[str, bytes | None]] = []
-                for key, combo in units:
-                    part = val[tuple(p.out for p in combo)]
-                    chunk = scratch.array(meta.chunk_shape, dtype)
-                    if all(p.full for p in combo):
-                        np.copyto(chunk, part)
-                    else:
-                        chunk[...] = fill_elem
-                        chunk[tuple(p.local for p in combo)] = part
-                    if skip_fill and equals_fill(chunk, fill):
-                        out.append((key, None))
-                        continue
-                    enc = chain.encode(chunk, write_empty_chunks=self.write_empty_chunks)
-                    out.append((key, None if enc is None else bytes(enc)))
-                self._store_batch(sink, out)
-
-            return job
+            return lambda: self._store_batch(sink, [(key, encoded(covered_chunk(combo))) for key, combo in units])
 
         def handle(unit: tuple[str, tuple[ChunkDimSel, ...]], data: bytes | None) -> list[Job]:
             key, combo = unit
@@ -666,11 +640,7 @@ class Array:
             if partial:
                 run_pipeline(self._store, partial, lambda u: (u[0], None), handle)
             if covered:
-                per = _chunks_per_job(chain.spec.nbytes)
-                if per == 1:
-                    run_jobs(covered_job(k, c) for k, c in covered)
-                else:
-                    run_jobs(covered_batch(units) for units in batched(covered, per))
+                run_jobs(covered_job(units) for units in batched(covered, _chunks_per_job(chain.spec.nbytes)))
         except BaseException:
             sink.wait(suppress=True)  # let queued writes finish; report the first error
             raise
