@@ -44,8 +44,11 @@ def test_first_failure_is_raised_and_stops_further_writes() -> None:
         raise OSError("disk full")
 
     sink.submit(bad)
-    while sink._error is None:  # the failing write has finished
+    for _ in range(10_000):  # until the failing write has finished (at most ~10 s)
+        if sink._error is not None:
+            break
         gate.wait(0.001)
+    assert sink._error is not None
     with pytest.raises(OSError, match="disk full"):
         sink.submit(lambda: ran.append(1))
     assert ran == []  # nothing was queued after the failure
