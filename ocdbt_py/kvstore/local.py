@@ -39,7 +39,7 @@ try:  # POSIX only; without it conditional writes are unsupported.
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LocalStore", "open_beneath", "open_dir_beneath", "symlink_error"]
+__all__ = ["LocalStore", "create_beneath", "key_below", "open_beneath", "open_dir_beneath", "symlink_error"]
 
 _LOCK_SUFFIX = ".__lock"
 #: Marks the temporary file of a write in progress (renamed into place when complete).
@@ -491,6 +491,33 @@ def open_beneath(root: str, key: str, flags: int = os.O_RDONLY, *, url: str | No
         return _open_file(dfd, parts[-1], flags, url, key)
     finally:
         os.close(dfd)
+
+
+def create_beneath(root: str, key: str, *, url: str | None = None) -> tuple[int, int]:
+    """``(directory descriptor, file descriptor)`` of the file ``key`` below ``root``, created
+    (or truncated) for writing with missing directories made and no symbolic link followed
+    below ``root``, the file itself included; the caller closes both.  Keeping the directory's
+    descriptor lets the caller remove the file later (``os.unlink(name, dir_fd=...)``) even
+    if a directory on the way has been swapped for a link since."""
+    validate_key(key)
+    parts = key.split("/")
+    url = url or "file://" + root
+    dfd = open_dir_beneath(root, parts[:-1], create=True, url=url)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0)
+        return dfd, _open_file(dfd, parts[-1], flags, url, key)
+    except BaseException:
+        os.close(dfd)
+        raise
+
+
+def key_below(root: str, path: str) -> str | None:
+    """The ``/``-separated key of ``path`` below the directory ``root`` (both as a store
+    builds them, by joining), or ``None`` when ``path`` is not below it."""
+    rel = os.path.relpath(path, root)
+    if rel == os.curdir or rel == os.pardir or rel.startswith(os.pardir + os.sep) or os.path.isabs(rel):
+        return None
+    return rel.replace(os.sep, "/")
 
 
 def _open_file(dfd: int, name: str, flags: int, url: str, key: str, mode: int = 0o644) -> int:

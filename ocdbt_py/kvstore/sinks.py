@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from ocdbt_py.errors import StorageError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.keys import validate_key
-from ocdbt_py.kvstore.local import LocalStore
+from ocdbt_py.kvstore.local import LocalStore, create_beneath, key_below, open_beneath, open_dir_beneath
 from ocdbt_py.pools import map_concurrently
 
 __all__ = ["Sink", "open_sink", "DeferredSyncStore"]
@@ -60,13 +60,19 @@ class DeferredSyncStore(LocalStore):
 
     def set_parts(self, key: str, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         path = self._path(key)
+        self._check_writable()
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
+            dfd, fd = create_beneath(self.root, key, url=self.url)  # no link followed
+        except OSError as e:
+            raise self._fail("writing", key, e) from e
+        try:
+            with open(fd, "wb", closefd=True) as f:
                 for p in parts:
                     f.write(p)
         except OSError as e:
             raise StorageError(f"writing {self.url}/{key} failed: {e}") from e
+        finally:
+            os.close(dfd)
         self.note_written(path)
 
     def delete(self, key: str) -> None:
@@ -89,26 +95,38 @@ class DeferredSyncStore(LocalStore):
         errors: list[OSError] = []
 
         def sync(path: str, flags: int) -> None:
+            # opened again below the root with no link followed (and never blocking: a file
+            # swapped for a FIFO since it was written must not hang the save)
+            key = key_below(self.root, path)
             try:
-                fd = os.open(path, flags)
+                if key is None:
+                    if path != self.root:
+                        return
+                    fd = os.open(path, flags)
+                elif flags & _DIR:
+                    fd = open_dir_beneath(self.root, key.split("/"), url=self.url)
+                else:
+                    fd = open_beneath(self.root, key, flags, url=self.url, validated=True)
             except OSError as e:
                 errors.append(e)
                 return
             try:
                 os.fsync(fd)
             except OSError as e:
-                if flags == os.O_RDONLY:  # directories may refuse fsync on some filesystems
+                if not flags & _DIR:  # directories may refuse fsync on some filesystems
                     errors.append(e)
             finally:
                 os.close(fd)
 
-        map_concurrently(lambda f: sync(f, os.O_RDONLY), files, purpose="fsync", limit=workers)
-        dflag = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+        map_concurrently(lambda f: sync(f, os.O_RDONLY | _NONBLOCK), files, purpose="fsync", limit=workers)
+        dflag = os.O_RDONLY | _DIR
         map_concurrently(lambda d: sync(d, dflag), sorted(dirs), purpose="fsync", limit=workers)
         if errors:
             raise StorageError(f"syncing {self.url} failed: {errors[0]}")
 
 
+_DIR = getattr(os, "O_DIRECTORY", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _WRITEBACK_EVERY = 32 << 20
 _SYNC_FILE_RANGE_WRITE = 2
 
@@ -136,16 +154,21 @@ _start_writeback = _writeback_starter()
 class _FileSink:
     """A local file written sequentially.  When it will be synced, writeback of what was written
     is started every 32 MiB (``sync_file_range``), so the final fsync has little left to do
-    and the disk works while the next chunks are compressed."""
+    and the disk works while the next chunks are compressed.
 
-    def __init__(self, path: str, sync: bool, owner: KvStore):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+    The file is created below the store's root with no symbolic link followed (a directory
+    swapped for a link to elsewhere gets an error, not the data), and removed on abort through
+    the descriptor of the directory it was created in."""
+
+    def __init__(self, root: str, key: str, path: str, sync: bool, owner: KvStore):
         self.path = path
         later = owner.syncs_later
         self.sync = sync and not later
         self._kick = (sync or later) and _start_writeback is not None
         self._unflushed = 0
-        self._f = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in close()/abort()
+        self._name = key.rsplit("/", 1)[-1]
+        self._dfd, fd = create_beneath(root, key, url=owner.url)
+        self._f = open(fd, "wb", buffering=0)  # noqa: SIM115 - closed in close()/abort()
         if later:
             owner.note_written(path)
 
@@ -168,11 +191,13 @@ class _FileSink:
                 os.fsync(self._f.fileno())
         finally:
             self._f.close()
+            os.close(self._dfd)
 
     def abort(self) -> None:
         self._f.close()
         with contextlib.suppress(OSError):
-            os.unlink(self.path)
+            os.unlink(self._name, dir_fd=self._dfd)
+        os.close(self._dfd)
 
 
 class _FsspecSink:
@@ -225,7 +250,11 @@ def open_sink(kv: KvStore, key: str, *, sync: bool = True) -> Sink:
         if (path is not None or where is not None) and kv.read_only:
             raise StorageError(f"{kv.url} is read-only")
         if path is not None:
-            return _FileSink(path, sync, kv)
+            root = kv.no_follow_root()
+            below = key_below(root, path) if root is not None else None
+            if root is None or below is None:
+                raise StorageError(f"cannot write {kv.url.rstrip('/')}/{key}: {path} is not below a local store root")
+            return _FileSink(root, below, path, sync, kv)
         if where is not None:
             return _FsspecSink(*where)
     except OSError as e:
