@@ -32,6 +32,14 @@ def _is_missing(exc: BaseException) -> bool:
     return status == 404
 
 
+def _dir_root(fs: Any, root: str) -> str:
+    """The store root for ``url_to_fs``'s answer: in a ``dir::<url>`` chain the URL's path
+    names the ``DirFileSystem``'s own directory (its ``path``), which is ``""`` inside it."""
+    if getattr(fs, "protocol", None) == "dir" and root and root.rstrip("/") == str(getattr(fs, "path", "")).rstrip("/"):
+        return ""
+    return root
+
+
 class FsspecStore(KvStore):
     """Keys are paths below ``root`` on the fsspec filesystem ``fs``.
 
@@ -68,11 +76,13 @@ class FsspecStore(KvStore):
             fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
         except (ImportError, ValueError) as e:
             raise StorageError(f"cannot open {url}: {e}") from e
-        return cls(fs, root, read_only=read_only)
+        return cls(fs, _dir_root(fs, root), read_only=read_only)
 
     @property
     def url(self) -> str:
         try:
+            if self.fs.protocol == "dir":  # name the directory, not the path inside it
+                return f"dir::{self.fs.fs.unstrip_protocol(self.fs._join(self.root))}"
             return str(self.fs.unstrip_protocol(self.root))
         except Exception:  # pragma: no cover - exotic filesystems
             return self.root
