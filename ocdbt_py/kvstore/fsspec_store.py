@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import builtins
+import os
+import stat
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -17,6 +19,7 @@ from ocdbt_py.kvstore.base import (
 )
 from ocdbt_py.kvstore.coalesce import coalesced_get_many
 from ocdbt_py.kvstore.keys import validate_key, validate_prefix
+from ocdbt_py.kvstore.local import open_beneath, open_dir_beneath, symlink_error
 
 __all__ = ["FsspecStore"]
 
@@ -32,6 +35,37 @@ def _is_missing(exc: BaseException) -> bool:
     return status == 404
 
 
+#: Opening a key only to see that no link leads to it: ``O_PATH`` (Linux) opens neither the
+#: file's data nor a FIFO, and with ``O_NOFOLLOW`` gives a descriptor of a final link itself.
+_PROBE_FLAGS = getattr(os, "O_PATH", os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+
+
+def local_target(fs: Any, root: str) -> tuple[str, bool] | None:
+    """``(local directory, plain)`` when the innermost filesystem of ``fs`` is fsspec's local
+    one: the directory that holds the store rooted at ``root``, and whether ``fs`` is that
+    plain ``LocalFileSystem`` itself (not wrapped).  Looks through the caching filesystems
+    (``simplecache``/``filecache``/``blockcache``: same paths, target in ``.fs``) and
+    ``dir::`` (``.fs`` below ``.path``); ``None`` for anything else (archives, remote stores,
+    unknown wrappers)."""
+    # optional: fsspec is imported only by the stores that use it
+    from fsspec.implementations.cached import CachingFileSystem
+    from fsspec.implementations.dirfs import DirFileSystem
+    from fsspec.implementations.local import LocalFileSystem
+
+    path, plain = root, True
+    for _ in range(32):
+        if isinstance(fs, LocalFileSystem):
+            return str(LocalFileSystem._strip_protocol(path)), plain and type(fs) is LocalFileSystem
+        if isinstance(fs, CachingFileSystem):
+            fs = fs.fs
+        elif isinstance(fs, DirFileSystem):
+            path, fs = fs._join(path), fs.fs
+        else:
+            return None
+        plain = False
+    return None
+
+
 def _dir_root(fs: Any, root: str) -> str:
     """The store root for ``url_to_fs``'s answer: in a ``dir::<url>`` chain the URL's path
     names the ``DirFileSystem``'s own directory (its ``path``), which is ``""`` inside it."""
@@ -44,12 +78,31 @@ class FsspecStore(KvStore):
     """Keys are paths below ``root`` on the fsspec filesystem ``fs``.
 
     Build one with :meth:`from_url`; ``storage_options`` go straight to fsspec.
+
+    When the innermost filesystem is a local directory (``simplecache::file://``,
+    ``filecache::``, ``blockcache::``, ``dir::file://``, or fsspec's ``LocalFileSystem`` itself), no
+    symbolic link below the root is followed, as in :class:`LocalStore`: before fsspec sees a
+    key's path, the path is opened in that directory with no link followed (one
+    ``openat2(RESOLVE_NO_SYMLINKS)`` on Linux, else an ``O_NOFOLLOW`` walk), and a link met
+    raises :class:`StorageError` naming it.  Reads, sizes, writes, streaming
+    (:meth:`fsspec_location`) refuse a link anywhere in the key, the last component included;
+    :meth:`delete` refuses a linked directory but removes a linked key itself (the link, never
+    its target), like :class:`LocalStore`.  Listings are :class:`LocalStore`'s: a linked
+    directory is not descended into (its files are not listed, and it is not a directory
+    of the store), a linked file is listed by name (reading it is refused; its size is
+    unknown), and listing a prefix whose directory is a link raises.  The root itself may be a
+    link.  The check comes before fsspec opens the path, so a link swapped in between the two
+    by someone writing to the directory at the same time is not caught (:class:`LocalStore`
+    opens what it checked).
     """
 
     #: :meth:`get_many` merges ranges of one object separated by at most this many bytes
     coalesce_gap: int = 1 << 20
     #: ... as long as a merged request stays within this many bytes
     coalesce_max_span: int = 32 << 20
+    #: the local directory below which no link is followed (the innermost fs is local), else None
+    _no_follow: str | None = None
+    _plain_local: bool = False
 
     def __init__(self, fs: Any, root: str, *, read_only: bool | None = None):
         self.fs = fs
@@ -59,6 +112,9 @@ class FsspecStore(KvStore):
             read_only = bool(set(protos) & _READ_ONLY_PROTOCOLS)
         self.read_only = read_only
         self._http = bool(set(protos) & {"http", "https"})
+        target = local_target(fs, self.root)
+        if target is not None:
+            self._no_follow, self._plain_local = target
 
     @classmethod
     def from_url(
@@ -87,12 +143,39 @@ class FsspecStore(KvStore):
         except Exception:  # pragma: no cover - exotic filesystems
             return self.root
 
-    def _path(self, key: str) -> str:
+    def _path(self, key: str, *, last_may_be_link: bool = False) -> str:
+        """The fsspec path of ``key``, once the key is known to pass through no link below a
+        local root (``last_may_be_link``: its directories only)."""
         validate_key(key)
+        if self._no_follow is not None:
+            self._refuse_links(key, last_may_be_link)
         return f"{self.root}/{key}" if self.root else key
+
+    def _refuse_links(self, key: str, last_may_be_link: bool) -> None:
+        """Raise :class:`StorageError` naming the first symbolic link on ``key``'s path below
+        the local root.  An absent or unreachable component ends the check quietly: every
+        component before it was checked, and the operation itself then fails the same way."""
+        root = self._no_follow
+        assert root is not None
+        try:
+            if last_may_be_link:
+                if "/" in key:
+                    os.close(open_dir_beneath(root, key.split("/")[:-1], url=self.url))
+                return
+            fd = open_beneath(root, key, _PROBE_FLAGS, url=self.url, validated=True)
+        except StorageError:
+            raise
+        except OSError:
+            return
+        try:
+            if stat.S_ISLNK(os.fstat(fd).st_mode):  # O_PATH | O_NOFOLLOW opened the link itself
+                raise symlink_error(self.url, key)
+        finally:
+            os.close(fd)
 
     # -- capabilities ----------------------------------------------------------------------
     def fsspec_location(self, key: str = "") -> tuple[Any, str] | None:
+        """``(fs, path)``; below a local root, a key reached through a link is refused first."""
         return self.fs, (self._path(key) if key else self.root)
 
     @property
@@ -200,12 +283,16 @@ class FsspecStore(KvStore):
             yield key
 
     def list_sized(self, prefix: str = "") -> Iterator[tuple[str, int | None]]:
-        yield from self._listed(prefix, None, None)
+        yield from self._listed(prefix, None, None, sized=True)
 
-    def _listed(self, prefix: str, start: str | None, stop: str | None) -> builtins.list[tuple[str, int | None]]:
+    def _listed(
+        self, prefix: str, start: str | None, stop: str | None, *, sized: bool = False
+    ) -> builtins.list[tuple[str, int | None]]:
         validate_prefix(prefix)
         slash = prefix.rfind("/")
         top = prefix[: slash + 1] if slash >= 0 else ""
+        if self._no_follow is not None:
+            return self._filtered(self._local_find(top, prefix, sized), prefix, start, stop)
         base = f"{self.root}/{top}".rstrip("/") if (self.root or top) else ""
         try:
             found = self._find(base)
@@ -217,19 +304,70 @@ class FsspecStore(KvStore):
         if self._http:
             root = urllib.parse.unquote(root)
         n = len(root) + 1 if root else 0
-        keys = []
-        pb, lo = prefix.encode(), None if start is None else start.encode()
-        hi = None if stop is None else stop.encode()
+        found_keys: builtins.list[tuple[str, int | None]] = []
         for p, size in found:
             p = self.fs._strip_protocol(p)
             if self._http:
                 p = urllib.parse.unquote(p)
-            kb = p[n:].lstrip("/").encode()
+            found_keys.append((p[n:].lstrip("/"), size))
+        return self._filtered(found_keys, prefix, start, stop)
+
+    @staticmethod
+    def _filtered(
+        found: builtins.list[tuple[str, int | None]], prefix: str, start: str | None, stop: str | None
+    ) -> builtins.list[tuple[str, int | None]]:
+        """The keys of ``found`` below ``prefix`` and in ``[start, stop)``, sorted as bytes."""
+        keys = []
+        pb, lo = prefix.encode(), None if start is None else start.encode()
+        hi = None if stop is None else stop.encode()
+        for key, size in found:
+            kb = key.encode("utf-8", "surrogateescape")
             if not kb.startswith(pb) or (lo is not None and kb < lo) or (hi is not None and kb >= hi):
                 continue
             keys.append((kb, size))
         keys.sort()
-        return [(kb.decode(), size) for kb, size in keys]
+        return [(kb.decode("utf-8", "surrogateescape"), size) for kb, size in keys]
+
+    def _local_find(self, top: str, prefix: str, sized: bool) -> builtins.list[tuple[str, int | None]]:
+        """Every key below directory ``top`` of the local root (``sized``: with the sizes of
+        regular files), walked as :meth:`LocalStore.list` walks: with directory descriptors,
+        never into a linked directory; a link in ``top`` itself raises."""
+        root = self._no_follow
+        assert root is not None
+        try:
+            dfd = open_dir_beneath(root, [n for n in top.split("/") if n], url=self.url)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except StorageError:
+            raise
+        except OSError as e:
+            raise self._fail("listing", prefix, e) from e
+        pb = prefix.encode()
+        out: builtins.list[tuple[str, int | None]] = []
+        try:
+            for dirpath, dirnames, filenames, fd in os.fwalk(".", dir_fd=dfd):  # never follows links
+                rel = "" if dirpath == "." else dirpath[2:] + "/"
+                relb = top.encode() + rel.encode("utf-8", "surrogateescape")
+                # prune directories that cannot hold a key with the prefix
+                dirnames[:] = [
+                    d for d in dirnames
+                    if (relb + d.encode("utf-8", "surrogateescape") + b"/").startswith(pb)
+                    or pb.startswith(relb + d.encode("utf-8", "surrogateescape") + b"/")
+                ]
+                for f in filenames:
+                    size = None
+                    if sized:
+                        try:
+                            st = os.stat(f, dir_fd=fd, follow_symlinks=False)
+                        except OSError:
+                            continue  # removed while listing
+                        size = st.st_size if stat.S_ISREG(st.st_mode) else None
+                    out.append((top + rel + f, size))
+        except OSError as e:
+            raise self._fail("listing", prefix, e) from e
+        finally:
+            os.close(dfd)
+        return out
 
     def _find(self, base: str) -> builtins.list[tuple[str, int | None]]:
         """Every file below directory path ``base`` (recursively), as ``fs.find`` gives it,
@@ -282,7 +420,7 @@ class FsspecStore(KvStore):
             raise self._fail("writing", key, e) from e
 
     def delete(self, key: str) -> None:
-        path = self._path(key)
+        path = self._path(key, last_may_be_link=True)  # a linked key: the link is removed
         self._check_writable()
         try:
             self.fs.rm_file(path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,8 @@ import pytest
 import ocdbt_py
 from ocdbt_py import checkpoint
 from ocdbt_py.errors import OcdbtError, StorageError
-from ocdbt_py.kvstore import LocalStore
+from ocdbt_py.kvstore import LocalStore, open_kvstore
+from ocdbt_py.kvstore import local as local_module
 
 SECRET = b"TOP-SECRET-TOKEN-0123456789"
 
@@ -155,3 +157,142 @@ def test_zarr3_local_fetch_refuses_links(tmp_path: Path, outside: Path) -> None:
     chunk.symlink_to(outside / "victim")
     with pytest.raises(StorageError, match="symbolic link"):
         zarr3.open(LocalStore(tmp_path / "z"), "a")[...]
+
+
+# -- local directories reached through fsspec URLs ------------------------------------------
+#: URL forms of a local directory: fsspec stores whose innermost filesystem is local refuse
+#: links the way LocalStore does.
+LOCAL_URLS = ["local://{}", "simplecache::file://{}", "filecache::file://{}", "blockcache::file://{}",
+              "dir::file://{}"]
+
+
+def _linked_root(tmp_path: Path, outside: Path) -> Path:
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "ok").write_bytes(b"fine")
+    (root / "file").symlink_to(outside / "victim")
+    (root / "dirlink").symlink_to(outside, target_is_directory=True)
+    return root
+
+
+@pytest.mark.parametrize("url", LOCAL_URLS)
+@pytest.mark.parametrize("walk", [False, True], ids=["openat2", "walk"])
+def test_fsspec_local_reads_refuse_links(
+    tmp_path: Path, outside: Path, url: str, walk: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A linked file and a file below a linked directory: our error naming the link, for every
+    way of reading (with ``openat2`` and with the ``O_NOFOLLOW`` walk used where it is
+    unavailable); the target's bytes appear nowhere."""
+    if walk:
+        monkeypatch.setattr(local_module, "_openat2", False)
+    kv = open_kvstore(url.format(_linked_root(tmp_path, outside)))
+    assert kv.get("sub/ok") == b"fine"
+    reads: list[Callable[[str], object]] = [
+        kv.get, lambda k: kv.get(k, (0, 4)), lambda k: kv.get(k, (-4, None)), lambda k: kv.get(k, (0, 0)),
+        kv.size, kv.exists, lambda k: kv.get_many([k, (k, (1, 3)), "sub/ok"])]
+    if kv.fsspec_location() is not None:  # streaming readers get the path only after the same check
+        reads.append(kv.fsspec_location)
+    for key, link in (("file", "file"), ("dirlink/victim", "dirlink")):
+        for op in reads:
+            with pytest.raises(StorageError, match=f"/{link} is a symbolic link") as ei:
+                op(key)
+            _assert_no_leak(ei)
+
+
+@pytest.mark.parametrize("url", LOCAL_URLS)
+def test_fsspec_local_writes_refuse_links(tmp_path: Path, outside: Path, url: str) -> None:
+    """Nothing is written, created or removed through a link: ``outside`` is left as it was."""
+    kv = open_kvstore(url.format(_linked_root(tmp_path, outside)))
+    for write in (lambda k: kv.set(k, b"x"), lambda k: kv.set_parts(k, [b"x", b"y"]), kv.delete):
+        for key in ("dirlink/victim", "dirlink/new", "dirlink/deeper/new"):
+            with pytest.raises(StorageError, match="/dirlink is a symbolic link") as ei:
+                write(key)
+            _assert_no_leak(ei)
+    if kv.fsspec_location() is not None:  # a streaming writer is refused before it opens anything
+        from ocdbt_py.kvstore.sinks import open_sink
+
+        for key in ("dirlink/new", "file"):
+            with pytest.raises(StorageError, match="symbolic link"):
+                open_sink(kv, key).close()
+    # a linked file is never written through (LocalStore replaces the link; fsspec refuses)
+    try:
+        kv.set("file", b"x")
+    except StorageError as e:
+        assert "symbolic link" in str(e)
+    assert sorted(os.listdir(outside)) == ["victim"]
+    assert (outside / "victim").read_bytes() == SECRET
+
+
+@pytest.mark.parametrize("url", LOCAL_URLS)
+def test_fsspec_local_listing_skips_linked_dirs(tmp_path: Path, outside: Path, url: str) -> None:
+    """Listings match LocalStore's: a linked directory is not descended into (and is no
+    directory of the store), a linked file is listed by name only (reading it is refused),
+    listing below a linked directory is refused."""
+    kv = open_kvstore(url.format(_linked_root(tmp_path, outside)))
+    assert list(kv.list()) == ["file", "sub/ok"]
+    assert [k for k, _ in kv.list_sized()] == ["file", "sub/ok"]
+    assert list(kv.list("d")) == []
+    assert list(kv.list("", start="f", stop="z")) == ["file", "sub/ok"]
+    dirs, files = kv.list_dir("")
+    assert dirs == ["sub"] and "file" in files  # (LocalStore.list_dir lists "dirlink" as a file)
+    for prefix in ("dirlink/", "dirlink/v"):
+        with pytest.raises(StorageError, match="/dirlink is a symbolic link") as ei:
+            list(kv.list(prefix))
+        _assert_no_leak(ei)
+
+
+@pytest.mark.parametrize("url", LOCAL_URLS)
+@pytest.mark.parametrize("linked_root", [False, True])
+def test_fsspec_local_store_works(tmp_path: Path, url: str, linked_root: bool) -> None:
+    """The same URLs over a plain directory read, write and list as before (the root itself
+    may be a link: the caller chose it)."""
+    real = tmp_path / "real"
+    real.mkdir()
+    root = real
+    if linked_root:
+        root = tmp_path / "alias"
+        root.symlink_to(real, target_is_directory=True)
+    kv = open_kvstore(url.format(root))
+    kv.set("a", b"0123456789")
+    kv.set_parts("d/e/f", [b"ab", b"cd"])
+    assert (real / "d" / "e" / "f").read_bytes() == b"abcd"
+    assert kv.get("a") == b"0123456789"
+    assert kv.get("a", (2, 5)) == b"234"
+    assert kv.get("a", (-3, None)) == b"789"
+    assert kv.get("a", (3, 3)) == b""
+    assert kv.get("missing") is None and kv.get("missing/deeper") is None and kv.get("a/b") is None
+    assert kv.size("a") == 10 and kv.size("missing") is None
+    assert kv.exists("d/e/f") and not kv.exists("d/e")
+    assert kv.get_many(["a", ("d/e/f", (1, 3)), "missing"]) == [b"0123456789", b"bc", None]
+    assert list(kv.list()) == ["a", "d/e/f"]
+    assert list(kv.list("d/")) == ["d/e/f"]
+    assert list(kv.list("missing/")) == []
+    assert kv.list_dir("") == (["d"], ["a"])
+    if kv.fsspec_location() is not None:
+        from ocdbt_py.kvstore.sinks import open_sink
+
+        sink = open_sink(kv, "s/t")
+        sink.write(b"streamed")
+        sink.close()
+        assert kv.get("s/t") == b"streamed"
+    kv.delete("a")
+    kv.delete("a")
+    assert not (real / "a").exists()  # (the caching filesystems may still serve their copy)
+    assert sorted(os.listdir(real)) == ["d"] + (["s"] if kv.fsspec_location() is not None else [])
+
+
+def test_archive_members_are_unaffected(tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Archive filesystems over a local file hold data, not links: they keep working (member
+    paths are not checked against the local directory, even where it holds a link of the
+    same name)."""
+    import zipfile
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x").symlink_to(outside, target_is_directory=True)
+    zpath = tmp_path / "a.zip"
+    with zipfile.ZipFile(zpath, "w") as z:
+        z.writestr("x/y", b"member")
+        z.writestr("top", b"t")
+    kv = open_kvstore(f"zip::file://{zpath}")
+    assert kv.get("x/y") == b"member" and kv.get("top", (0, 1)) == b"t"
+    assert list(kv.list()) == ["top", "x/y"]
