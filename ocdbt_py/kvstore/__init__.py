@@ -48,7 +48,8 @@ def open_kvstore(
 ) -> KvStore:
     """Return a :class:`KvStore` for a local path, a ``file://`` URL or any fsspec URL.
 
-    Local paths use the fast :class:`LocalStore`; ``s3://``, ``gs://``/``gcs://`` and
+    Local paths (``file://`` and ``local://`` URLs too, with any storage options) use the fast
+    :class:`LocalStore`; ``s3://``, ``gs://``/``gcs://`` and
     ``az://``/``abfs://`` URLs use the object-store backends (atomic conditional writes through
     each service's preconditions); everything else goes through :class:`FsspecStore`.
     ``storage_options`` go to fsspec, except ``single_writer=True``, which allows committing
@@ -74,6 +75,9 @@ def open_kvstore(
     opts = dict(storage_options or {})
     single_writer = bool(opts.pop("single_writer", False))
     store = FsspecStore.from_url(loc, opts, read_only=True if read_only else None)
+    local = store.plain_local_root()
+    if local is not None:  # local://, file:// with storage options: nothing of fsspec's is lost
+        return LocalStore(local, read_only=store.read_only)
     if single_writer and not store.read_only:
         # heavy: backends load fsspec and client libraries, only for URLs that need them
         from ocdbt_py.kvstore.single_writer import SingleWriterStore

@@ -80,7 +80,8 @@ class FsspecStore(KvStore):
     Build one with :meth:`from_url`; ``storage_options`` go straight to fsspec.
 
     When the innermost filesystem is a local directory (``simplecache::file://``,
-    ``filecache::``, ``blockcache::``, ``dir::file://``, or fsspec's ``LocalFileSystem`` itself), no
+    ``filecache::``, ``blockcache::``, ``dir::file://``, or fsspec's ``LocalFileSystem`` itself,
+    which :func:`~ocdbt_py.kvstore.open_kvstore` opens as a :class:`LocalStore` instead), no
     symbolic link below the root is followed, as in :class:`LocalStore`: before fsspec sees a
     key's path, the path is opened in that directory with no link followed (one
     ``openat2(RESOLVE_NO_SYMLINKS)`` on Linux, else an ``O_NOFOLLOW`` walk), and a link met
@@ -142,6 +143,11 @@ class FsspecStore(KvStore):
             return str(self.fs.unstrip_protocol(self.root))
         except Exception:  # pragma: no cover - exotic filesystems
             return self.root
+
+    def plain_local_root(self) -> str | None:
+        """The directory of this store when its filesystem is fsspec's plain
+        ``LocalFileSystem`` (a :class:`LocalStore` there loses nothing), else ``None``."""
+        return (self._no_follow or "/") if self._plain_local else None
 
     def _path(self, key: str, *, last_may_be_link: bool = False) -> str:
         """The fsspec path of ``key``, once the key is known to pass through no link below a

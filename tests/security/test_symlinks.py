@@ -160,8 +160,8 @@ def test_zarr3_local_fetch_refuses_links(tmp_path: Path, outside: Path) -> None:
 
 
 # -- local directories reached through fsspec URLs ------------------------------------------
-#: URL forms of a local directory: fsspec stores whose innermost filesystem is local refuse
-#: links the way LocalStore does.
+#: URL forms of a local directory: ``local://`` becomes a LocalStore; the caching and ``dir::``
+#: chains stay fsspec stores whose innermost filesystem is local, and refuse links the same way.
 LOCAL_URLS = ["local://{}", "simplecache::file://{}", "filecache::file://{}", "blockcache::file://{}",
               "dir::file://{}"]
 
@@ -279,6 +279,15 @@ def test_fsspec_local_store_works(tmp_path: Path, url: str, linked_root: bool) -
     kv.delete("a")
     assert not (real / "a").exists()  # (the caching filesystems may still serve their copy)
     assert sorted(os.listdir(real)) == ["d"] + (["s"] if kv.fsspec_location() is not None else [])
+
+
+@pytest.mark.parametrize("opts", [None, {"auto_mkdir": True}])
+def test_plain_local_urls_open_a_local_store(tmp_path: Path, opts: dict[str, object] | None) -> None:
+    """``local://`` and ``file://`` (with fsspec storage options too) are plain local
+    directories: the LocalStore, with its link refusal and atomic conditional writes."""
+    for url in (f"local://{tmp_path}", f"file://{tmp_path}"):
+        kv = open_kvstore(url, opts)
+        assert isinstance(kv, LocalStore) and kv.root == str(tmp_path), (url, kv)
 
 
 def test_archive_members_are_unaffected(tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch) -> None:
