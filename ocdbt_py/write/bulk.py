@@ -22,7 +22,7 @@ import dataclasses
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Union
 
 from ocdbt_py.format.btree import BtreeChild
@@ -68,6 +68,16 @@ class _DataFile:
         for start in range(0, n, _WRITE_PIECE):
             self.sink.write(mv[start:start + _WRITE_PIECE])
         self.size += n
+
+    def write_parts(self, parts: Sequence[bytes]) -> None:
+        """Append the concatenation of ``parts`` (one vectored write per group of parts where
+        the sink has one, else joined): many small encoded chunks are never copied into one
+        buffer first."""
+        write_parts = getattr(self.sink, "write_parts", None)
+        if write_parts is None:
+            self.write(b"".join(parts))
+            return
+        self.size += write_parts(parts)
 
 
 class DataFilePool:

@@ -186,12 +186,12 @@ class ProcessWriter:
                 parts.append(v)
                 pos += len(v)
                 if target and pos >= target:
-                    f.write(b"".join(parts))
+                    f.write_parts(parts)
                     pool.release(f)
                     f = pool.lease()
                     parts, pos = [], f.size
             if parts:
-                f.write(b"".join(parts))
+                f.write_parts(parts)
         except BaseException:
             pool.discard(f)
             raise
