@@ -150,17 +150,26 @@ def _is_json_dir(lst: Listing) -> bool:
 V1_JSON_FILE = "data.json"
 
 
+#: The files of Orbax's ``process_metadata`` item, a directory of JSON documents by name
+#: (restored as ``{file name: document}`` even when only one of them is there).
+JSON_DIR_MEMBERS = frozenset({"global_process_metadata.json", "mesh_metadata.json"})
+
+
 def json_item_file(lst: Listing, name: str | None = None) -> str | None:
     """The file holding a JSON item's document: ``metadata`` (JsonCheckpointHandler's default),
-    a file named like the item directory ``name`` itself (``metrics/metrics``), or Orbax v1's
-    ``data.json`` when it is the directory's only data file (a directory of several ``*.json``
-    files, such as ``process_metadata``, is a JSON directory item instead)."""
+    a file named like the item directory ``name`` itself (``metrics/metrics``), or the
+    directory's only data file when it is a ``*.json`` file: Orbax v1's ``data.json``, or the
+    ``filename`` a v0 ``JsonCheckpointHandler`` or v1 ``JsonHandler`` was given.  A directory
+    of several ``*.json`` files (or of a :data:`JSON_DIR_MEMBERS` file), such as
+    ``process_metadata``, is a JSON directory item instead."""
     if "metadata" in lst.files:
         return "metadata"
     if name and name in lst.files and not lst.dirs:
         return name
-    if not lst.dirs and _data_files(lst) == [V1_JSON_FILE]:
-        return V1_JSON_FILE
+    if not lst.dirs:
+        files = _data_files(lst)
+        if len(files) == 1 and files[0].endswith(".json") and files[0] not in JSON_DIR_MEMBERS:
+            return files[0]
     return None
 
 

@@ -149,3 +149,54 @@ def test_cli_export_v1_step(v1_root: Path, tmp_path: Path, capsys: pytest.Captur
     with np.load(out, allow_pickle=False) as z:
         np.testing.assert_array_equal(z["params.a"], TREE["a"])
         np.testing.assert_array_equal(z["params.b.c"], TREE["b"]["c"])
+
+
+class _ConfigJson(ocp.handlers.JsonHandler):  # type: ignore[misc, name-defined]
+    """A JsonHandler that writes ``config.json`` instead of ``data.json``."""
+
+    def __init__(self) -> None:
+        super().__init__(filename="config.json")
+
+
+def test_json_item_with_custom_filename(tmp_path: Path) -> None:
+    """A v1 ``JsonHandler(filename=...)`` item: the document itself, as Orbax loads it with
+    the same handler (not ``{"config.json": {...}}``)."""
+    registry = ocp.handlers.local_registry()
+    registry.add(_ConfigJson, checkpointable_name="config")
+    ctx = ocp.Context()
+    ctx.checkpointables.registry = registry
+    path = tmp_path / "ck"
+    with ctx:
+        ocp.save_checkpointables(path, {"params": TREE, "config": JSON_ITEM})
+        theirs = dict(ocp.load_checkpointables(path))
+    assert sorted(os.listdir(path / "config")) == ["config.json"]
+    ours = checkpoint.restore(path)
+    assert ours["config"] == JSON_ITEM == theirs["config"]
+    _same(ours, theirs)
+    assert checkpoint.metadata(path)["config"] == JSON_ITEM
+    assert checkpoint.restore(path / "config") == JSON_ITEM  # the item directory on its own
+
+
+def test_v0_json_handler_with_custom_filename(tmp_path: Path) -> None:
+    """Orbax v0's ``JsonCheckpointHandler(filename="cfg.json")`` under a CheckpointManager."""
+    v0 = pytest.importorskip("orbax.checkpoint")
+    with v0.CheckpointManager(tmp_path / "run", item_names=("cfg", "state"), item_handlers={
+            "cfg": v0.JsonCheckpointHandler(filename="cfg.json"),
+            "state": v0.StandardCheckpointHandler()}) as mgr:
+        mgr.save(3, args=v0.args.Composite(cfg=v0.args.JsonSave(JSON_ITEM),
+                                           state=v0.args.StandardSave({"w": np.arange(4.0)})))
+        mgr.wait_until_finished()
+        theirs = mgr.restore(3, args=v0.args.Composite(cfg=v0.args.JsonRestore(), state=v0.args.StandardRestore()))
+    assert "cfg.json" in os.listdir(tmp_path / "run" / "3" / "cfg")
+    ours = checkpoint.restore(tmp_path / "run")
+    assert ours["cfg"] == dict(theirs["cfg"]) == JSON_ITEM
+    np.testing.assert_array_equal(ours["state"]["w"], np.arange(4.0))
+
+
+def test_single_process_metadata_file_stays_a_directory_item(tmp_path: Path) -> None:
+    """``process_metadata`` holding one of its files is still a directory of documents."""
+    ocp.save_pytree(tmp_path / "ck", TREE)
+    (tmp_path / "ck" / "process_metadata").mkdir()
+    (tmp_path / "ck" / "process_metadata" / "mesh_metadata.json").write_text("[0, 1]")
+    got = checkpoint.restore(tmp_path / "ck")
+    assert got["process_metadata"] == {"mesh_metadata.json": [0, 1]}
