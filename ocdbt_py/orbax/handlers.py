@@ -113,12 +113,6 @@ class CheckpointHandler:
 AsyncCheckpointHandler = CheckpointHandler
 
 
-def _check_ocdbt(use_ocdbt: bool) -> None:
-    if not use_ocdbt:
-        raise UnsupportedError("use_ocdbt=False (one TensorStore array per directory) is not written by ocdbt_py; "
-                               "its checkpoints are read, and saves use OCDBT as Orbax does by default")
-
-
 class PyTreeCheckpointHandler(CheckpointHandler):
     """Trees of arrays, scalars and strings (``PyTreeSave``/``PyTreeRestore``)."""
 
@@ -128,7 +122,7 @@ class PyTreeCheckpointHandler(CheckpointHandler):
 
     def __init__(self, aggregate_filename: str | None = None, *, use_ocdbt: bool = True, use_zarr3: bool = False,
                  use_compression: bool = True, **ignored: Any):
-        _check_ocdbt(use_ocdbt)
+        self.use_ocdbt = bool(use_ocdbt)
         self.use_zarr3 = bool(use_zarr3)
         self.use_compression = bool(use_compression)
 
@@ -137,7 +131,8 @@ class PyTreeCheckpointHandler(CheckpointHandler):
         if not isinstance(args, (args_lib.PyTreeSave, args_lib.StandardSave)):
             raise TypeError(f"{type(self).__name__} saves {self.save_args.__name__}, not {type(args).__name__}")
         tree, sizes = apply_save_args(args.item, args.save_args)
-        opts: dict[str, Any] = {"use_zarr3": self.use_zarr3, "use_compression": self.use_compression}
+        opts: dict[str, Any] = {"use_zarr3": self.use_zarr3, "use_ocdbt": self.use_ocdbt,
+                                "use_compression": self.use_compression}
         target = getattr(args, "ocdbt_target_data_file_size", None)
         if target is not None:
             opts["ocdbt_target_data_file_size"] = target
@@ -267,6 +262,7 @@ class CompositeCheckpointHandler(CheckpointHandler):
         kinds: dict[str, str] = {}
         sizes: dict[str, int] = {}
         options: dict[str, Any] = {}
+        per_item: dict[str, dict[str, Any]] = {}
         for name, a in args.items():
             if a is None:
                 continue
@@ -275,11 +271,10 @@ class CompositeCheckpointHandler(CheckpointHandler):
             if native.kind is not None:
                 kinds[name] = native.kind
             sizes.update({f"{name}/{p}": s for p, s in native.chunk_sizes.items()})
-            for k, v in native.options.items():
-                if k in options and options[k] != v:
-                    raise UnsupportedError(f"items of one step disagree on {k} ({options[k]!r} vs {v!r}); "
-                                           "ocdbt_py applies one value to the whole step")
-                options[k] = v
+            if native.options:  # each item's own handler options, as Orbax applies them
+                per_item[name] = dict(native.options)
+        if per_item:
+            options["item_options"] = per_item
         if kinds:
             options["handler"] = kinds
         if sizes:

@@ -57,8 +57,8 @@ _ids = itertools.count()
 _ids_lock = threading.Lock()
 #: Keyword arguments of :func:`ocdbt_py.checkpoint.save` a manager passes through.
 SAVE_OPTIONS = frozenset({
-    "use_zarr3", "use_compression", "chunk_byte_size", "leaf_chunk_byte_sizes", "ocdbt_target_data_file_size",
-    "handler", "pytree_custom_metadata",
+    "use_zarr3", "use_ocdbt", "use_compression", "checksum", "chunk_byte_size", "leaf_chunk_byte_sizes",
+    "ocdbt_target_data_file_size", "handler", "item_options", "pytree_custom_metadata",
     "keep_copy_buffer", "replica_parallel", "workers", "sync", "barrier_timeout",
 })
 
@@ -107,7 +107,8 @@ class CheckpointManager(Lifecycle):
     * ``step_name_format`` (or ``step_prefix``/``step_format_fixed_length``): step directory
       names, as Orbax's options of the same names.
     * ``save_options``: passed to :func:`ocdbt_py.checkpoint.save` (``use_zarr3``,
-      ``use_compression``, ``chunk_byte_size``, ``workers``, ``sync``, ...).
+      ``use_ocdbt``, ``use_compression``, ``chunk_byte_size``, ``item_options`` per item,
+      ``workers``, ``sync``, ...).
     * ``cleanup``: remove leftovers of interrupted saves and deletions when opening.
     * ``read_only``: list and restore only.
     """

@@ -133,6 +133,7 @@ class ItemPlan:
     shardings: dict[str, str]
     array_metadatas: list[tuple[str, tuple[int, ...], tuple[int, ...], Any]]
     custom_metadata: Any
+    opts: SaveOptions | None = None  # this item's options (``None``: the save's)
 
 
 def _spec(name: str, shape: tuple[int, ...], dtype: np.dtype[Any], write_shape: tuple[int, ...],
@@ -193,7 +194,7 @@ def plan_item(name: str | None, tree: Any, coord: Coordinator, opts: SaveOptions
     for writers that supply the array data themselves, chunk by chunk (a streamed import)."""
     leaves = flatten(tree)
     primary = coord.is_primary
-    plan = ItemPlan(name, leaves, "", [], [], [], [], {}, {}, {}, [], custom_metadata)
+    plan = ItemPlan(name, leaves, "", [], [], [], [], {}, {}, {}, [], custom_metadata, opts)
     only_arrays = True
     for leaf in leaves:
         vt = leaf.value_type
@@ -314,6 +315,7 @@ def save(
     custom_metadata: Mapping[str, Any] | None = None,
     pytree_custom_metadata: Any = None,
     handler: str | Mapping[str, str] | None = None,
+    item_options: Mapping[str, Mapping[str, Any]] | None = None,
     blocking: bool = True,
     copy: bool | None = None,
     keep_copy_buffer: bool = True,
@@ -356,6 +358,10 @@ def save(
       ``pytree_custom_metadata``: JSON stored in ``_METADATA`` (``PyTreeSave(custom_metadata=)``).
     * ``handler``: ``"standard"`` or ``"pytree"`` (handler name recorded for the item; default:
       standard unless the tree holds strings); a dict gives it per item of a composite save.
+    * ``item_options``: per item of a composite save, overrides of ``use_zarr3``,
+      ``use_ocdbt``, ``use_compression``, ``checksum``, ``chunk_byte_size``,
+      ``ocdbt_target_data_file_size`` and ``pytree_custom_metadata`` (Orbax gives each item its
+      own handler and ``PyTreeSave`` options, e.g. ``{"ema": {"use_ocdbt": False}}``).
     * ``blocking=False``: return once host copies are made (``copy`` defaults to ``True`` then,
       so the caller may modify or donate its arrays); ``handle.wait()`` re-raises any error.
       A later save waits for the previous one.  ``keep_copy_buffer``: keep the copies' buffer
@@ -385,7 +391,11 @@ def save(
     for h in handler.values() if isinstance(handler, Mapping) else [handler]:
         if h is not None and h not in _HANDLERS:
             raise ValueError(f"handler must be 'standard' or 'pytree', not {h!r}")
-    plans = _make_plans(tree, composite, coord, opts, handler, pytree_custom_metadata)
+    per_item = _item_options(item_options, composite, tree, path, opts, use_zarr3=use_zarr3, use_ocdbt=use_ocdbt,
+                             use_compression=use_compression, checksum=checksum, chunk_byte_size=chunk_byte_size,
+                             ocdbt_target_data_file_size=ocdbt_target_data_file_size,
+                             pytree_custom_metadata=pytree_custom_metadata)
+    plans = _make_plans(tree, composite, coord, opts, handler, pytree_custom_metadata, per_item)
 
     arena = _copy_shared(plans, opts.workers, keep_copy_buffer) if opts.copy else None
     dest = open_destination(path, storage_options)
@@ -427,10 +437,46 @@ def make_options(path: Any, use_zarr3: bool, use_compression: bool, chunk_byte_s
                        bool(checksum))
 
 
+#: What :func:`save`'s ``item_options`` may set for one item
+ITEM_OPTIONS = frozenset({"use_zarr3", "use_ocdbt", "use_compression", "checksum", "chunk_byte_size",
+                          "ocdbt_target_data_file_size", "pytree_custom_metadata"})
+
+
+def _item_options(item_options: Mapping[str, Mapping[str, Any]] | None, composite: bool, tree: Any, path: Any,
+                  opts: SaveOptions, **defaults: Any) -> dict[str, tuple[SaveOptions, Any]]:
+    """``{item: (its save options, its pytree custom metadata)}`` for the items that
+    ``item_options`` names, checked like the save's own options."""
+    if not item_options:
+        return {}
+    if not composite:
+        raise ValueError("item_options applies to the items of a composite save (composite=True)")
+    if not isinstance(item_options, Mapping):
+        raise TypeError(f"item_options must map item names to dicts of options, not {type(item_options).__name__}")
+    out: dict[str, tuple[SaveOptions, Any]] = {}
+    for name, given in item_options.items():
+        if not isinstance(tree, Mapping) or name not in tree:
+            raise ValueError(f"item_options names {name!r}, which is not an item of this save")
+        if isinstance(tree[name], JsonItem):
+            raise ValueError(f"item_options[{name!r}]: {name!r} is a JSON item, which takes no array options")
+        if not isinstance(given, Mapping):
+            raise TypeError(f"item_options[{name!r}] must be a dict of options, not {type(given).__name__}")
+        unknown = set(given) - ITEM_OPTIONS
+        if unknown:
+            raise ValueError(f"unknown item_options[{name!r}] {sorted(unknown)} (known: {sorted(ITEM_OPTIONS)})")
+        o = {**defaults, **given}
+        item = make_options(path, bool(o["use_zarr3"]), bool(o["use_compression"]), o["chunk_byte_size"],
+                            opts.leaf_chunk_byte_sizes, o["ocdbt_target_data_file_size"], opts.replica_parallel,
+                            opts.copy, opts.workers, opts.sync, use_ocdbt=bool(o["use_ocdbt"]),
+                            checksum=bool(o["checksum"]))
+        out[name] = (dataclasses.replace(item, nice=opts.nice), o["pytree_custom_metadata"])
+    return out
+
+
 def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: SaveOptions,
-                handler: str | Mapping[str, str] | None,
-                pytree_custom_metadata: Any) -> dict[str, ItemPlan | JsonItem]:
-    """What to write for each item (``""`` for a single item), checked before anything is."""
+                handler: str | Mapping[str, str] | None, pytree_custom_metadata: Any,
+                per_item: Mapping[str, tuple[SaveOptions, Any]] | None = None) -> dict[str, ItemPlan | JsonItem]:
+    """What to write for each item (``""`` for a single item), checked before anything is;
+    ``per_item`` gives some items their own options and custom metadata."""
     if composite:
         if not isinstance(tree, Mapping) or not tree:
             raise TypeError("composite=True needs a non-empty dict of item name -> tree or JsonItem")
@@ -447,7 +493,8 @@ def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: SaveOption
             plans[name] = value
         else:
             item_handler = handler.get(name) if isinstance(handler, Mapping) else handler
-            plans[name] = plan_item(name or None, value, coord, opts, item_handler, pytree_custom_metadata)
+            item_opts, item_meta = (per_item or {}).get(name, (opts, pytree_custom_metadata))
+            plans[name] = plan_item(name or None, value, coord, item_opts, item_handler, item_meta)
     return plans
 
 
@@ -467,7 +514,7 @@ def _run(dest: Destination, plans: Mapping[str, ItemPlan | JsonItem], coord: Coo
         for name, plan in plans.items():
             if isinstance(plan, ItemPlan):
                 item_kv = PrefixStore(root, name) if name else root
-                own[name] = _write_process_part(item_kv, plan, coord, opts)
+                own[name] = _write_process_part(item_kv, plan, coord, plan.opts or opts)
         if opts.sync and coord.is_primary:
             # the primary's data files need only be durable before its commit: they are
             # fsynced while the merged root and metadata files are built (joined before the commit)
@@ -524,7 +571,7 @@ def commit_items(dest: Destination, root: KvStore, plans: Mapping[str, ItemPlan 
             item_kv.set(plan.filename, layout_writer.json_item(plan.value))
             handlers[name] = layout_writer.JSON_HANDLER
         else:
-            _finalize_item(item_kv, plan, coord, opts, own.get(name))
+            _finalize_item(item_kv, plan, coord, plan.opts or opts, own.get(name))
             handlers[name] = plan.handler
         if composite:
             item_kv.set(layout_writer.COMMIT_MARKER,
