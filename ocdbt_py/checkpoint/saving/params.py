@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -121,8 +121,10 @@ def _empty_type(x: Any) -> str | None:
     return None
 
 
-def classify(value: Any, where: str = "") -> str:
-    """The ``value_type`` Orbax records for a (non-container) leaf value."""
+def classify(value: Any, where: str | Callable[[], str] = "") -> str:
+    """The ``value_type`` Orbax records for a (non-container) leaf value; ``where`` (or a
+    function giving it, called only for the error) names the leaf in the error for a value
+    that cannot be saved."""
     if jax_loaded():
         # optional: JAX is imported only for trees that hold JAX objects
         import jax
@@ -145,7 +147,8 @@ def classify(value: Any, where: str = "") -> str:
         hint = " (convert torch tensors with .numpy() first)"
     elif isinstance(value, (bytes, bytearray)):
         hint = " (Orbax stores no bytes leaves; use a uint8 array)"
-    raise UnsupportedLeafError(f"cannot save leaf {where or '<root>'} of type {type(value).__name__}{hint}")
+    name = where() if callable(where) else where
+    raise UnsupportedLeafError(f"cannot save leaf {name or '<root>'} of type {type(value).__name__}{hint}")
 
 
 def _sorted_keys(d: Mapping[Any, Any], where: str) -> list[Any]:
@@ -175,7 +178,7 @@ def _walk_plain(x: Any, names: tuple[str, ...], types: tuple[int, ...], out: lis
             _walk_plain(v, names + (str(i),), types + (KEY_SEQUENCE,), out)
         return
     leaf = Leaf(names, types, x, "")
-    leaf.value_type = classify(x, leaf.where)
+    leaf.value_type = classify(x, lambda: leaf.where)  # the path only for an error message
     out.append(leaf)
 
 
@@ -228,7 +231,7 @@ def _walk_jax(tree: Any) -> list[Leaf]:
                 f"(Orbax stores only None and empty dicts, lists, tuples and NamedTuples)"
             )
         else:
-            leaf.value_type = classify(value, leaf.where)
+            leaf.value_type = classify(value, lambda leaf=leaf: leaf.where)  # type: ignore[misc]
         out.append(leaf)
     return out
 
