@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import collections
+import json
 import math
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -123,3 +125,32 @@ def test_replica_parallel_axis() -> None:
     assert replica_parallel_axis((3, 5), 2) is None
     assert replica_parallel_axis((8,), 1) is None
     assert replica_parallel_axis((0,), 2) is None
+
+
+def test_repeated_saves_follow_changed_options(tmp_path: Path) -> None:
+    """Array specs are reused between saves of the same tree: only while nothing they depend
+    on (chunk size, Zarr format, compression, target file size, layout) changed."""
+    import ocdbt_py
+    from ocdbt_py.checkpoint import restore, save
+
+    tree = {"w": np.arange(4096, dtype=np.float32).reshape(64, 64)}
+
+    def chunks_for(cbs: int | None, target: int | None) -> list[int]:
+        return list(choose_chunk_shape((64, 64), (64, 64), 4, chunk_byte_limit((64, 64), 4, cbs, target)))
+
+    runs: list[tuple[dict[str, Any], list[int], str | None]] = [
+        ({}, chunks_for(None, None), "zstd"), ({"chunk_byte_size": 4096}, chunks_for(4096, None), "zstd"),
+        ({"use_compression": False}, chunks_for(None, None), None),
+        ({"ocdbt_target_data_file_size": 2048}, chunks_for(None, 2048), "zstd"),
+        ({}, chunks_for(None, None), "zstd")]
+    assert runs[0][1] == [64, 64] and runs[1][1] != runs[0][1] != runs[3][1]
+    for i, (kw, chunks, compressor) in enumerate(runs):
+        save(tmp_path / str(i), tree, **kw)
+        with ocdbt_py.open(tmp_path / str(i)) as db:
+            z = json.loads(db[b"w/.zarray"])
+        assert z["chunks"] == chunks, (kw, z)
+        assert (z["compressor"] or {}).get("id") == compressor, (kw, z)
+        np.testing.assert_array_equal(restore(tmp_path / str(i))["w"], tree["w"])
+    save(tmp_path / "v3", tree, use_zarr3=True)
+    with ocdbt_py.open(tmp_path / "v3") as db:
+        assert b"w/zarr.json" in db

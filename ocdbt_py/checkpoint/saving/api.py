@@ -136,16 +136,29 @@ class ItemPlan:
     opts: SaveOptions | None = None  # this item's options (``None``: the save's)
 
 
+#: Array specs by everything they are made from: a training loop saving the same tree again
+#: reuses them (``ArraySpec`` is immutable); cleared when it grows past 65536 entries.
+_specs: dict[tuple[Any, ...], ArraySpec] = {}
+
+
 def _spec(name: str, shape: tuple[int, ...], dtype: np.dtype[Any], write_shape: tuple[int, ...],
           opts: SaveOptions, item: str | None = None) -> ArraySpec:
     key = name if item is None else f"{item}/{name}"
     per_leaf = opts.leaf_chunk_byte_sizes.get(key, opts.chunk_byte_size)
     # Orbax caps chunks by the target data file size only for OCDBT
     target = opts.target_data_file_size if opts.use_ocdbt else 0
-    limit = chunk_byte_limit(write_shape, dtype.itemsize, per_leaf, target)
-    chunk = choose_chunk_shape(shape, write_shape, dtype.itemsize, limit)
-    return ArraySpec(name, shape, dtype, tuple(write_shape), chunk,
-                     3 if opts.use_zarr3 else 2, opts.use_compression, checksum=opts.checksum)
+    memo = (name, tuple(shape), dtype, tuple(write_shape), per_leaf, target, opts.use_zarr3, opts.use_compression,
+            opts.checksum)
+    spec = _specs.get(memo)
+    if spec is None:
+        limit = chunk_byte_limit(write_shape, dtype.itemsize, per_leaf, target)
+        chunk = choose_chunk_shape(shape, write_shape, dtype.itemsize, limit)
+        spec = ArraySpec(name, shape, dtype, tuple(write_shape), chunk,
+                         3 if opts.use_zarr3 else 2, opts.use_compression, checksum=opts.checksum)
+        if len(_specs) >= 65536:
+            _specs.clear()
+        _specs[memo] = spec
+    return spec
 
 
 def _host_array(value: Any, leaf: Leaf) -> np.ndarray:
@@ -380,21 +393,10 @@ def save(
     started = time.perf_counter()
     async_save.wait_for_previous()
     coord = _coordinator if _coordinator is not None else coordinator(timeout_s=barrier_timeout)
-    if copy is None:
-        copy = not blocking
     opts = make_options(path, use_zarr3, use_compression, chunk_byte_size, leaf_chunk_byte_sizes,
-                         ocdbt_target_data_file_size, replica_parallel, copy, workers, sync, use_ocdbt=use_ocdbt,
-                        checksum=checksum)
-    if not blocking:
-        opts = dataclasses.replace(opts, nice=background_nice(),
-                                   workers=workers or background_workers(_writes_local_files(path)))
-    for h in handler.values() if isinstance(handler, Mapping) else [handler]:
-        if h is not None and h not in _HANDLERS:
-            raise ValueError(f"handler must be 'standard' or 'pytree', not {h!r}")
-    per_item = _item_options(item_options, composite, tree, path, opts, use_zarr3=use_zarr3, use_ocdbt=use_ocdbt,
-                             use_compression=use_compression, checksum=checksum, chunk_byte_size=chunk_byte_size,
-                             ocdbt_target_data_file_size=ocdbt_target_data_file_size,
-                             pytree_custom_metadata=pytree_custom_metadata)
+                        ocdbt_target_data_file_size, replica_parallel, not blocking if copy is None else copy, workers,
+                        sync, use_ocdbt=use_ocdbt, checksum=checksum, background=not blocking)
+    per_item = _item_options(item_options, composite, tree, path, opts, pytree_custom_metadata)
     plans = _make_plans(tree, composite, coord, opts, handler, pytree_custom_metadata, per_item)
 
     arena = _copy_shared(plans, opts.workers, keep_copy_buffer) if opts.copy else None
@@ -413,8 +415,9 @@ def save(
 def make_options(path: Any, use_zarr3: bool, use_compression: bool, chunk_byte_size: int | None,
                   leaf_chunk_byte_sizes: Mapping[str, int] | None, ocdbt_target_data_file_size: int | None,
                   replica_parallel: bool | None, copy: bool, workers: int | None, sync: bool, *,
-                  use_ocdbt: bool = True, checksum: bool = False) -> SaveOptions:
-    """The checked options of one save, with Orbax's defaults filled in (see :func:`plan_item`)."""
+                  use_ocdbt: bool = True, checksum: bool = False, background: bool = False) -> SaveOptions:
+    """The checked options of one save, with Orbax's defaults filled in (see :func:`plan_item`);
+    ``background``: a ``blocking=False`` save (niced encoders, one per core for local files)."""
     if ocdbt_target_data_file_size is not None and ocdbt_target_data_file_size < 0:
         raise ValueError("ocdbt_target_data_file_size must be >= 0")
     if chunk_byte_size is not None and chunk_byte_size <= 0:
@@ -432,9 +435,12 @@ def make_options(path: Any, use_zarr3: bool, use_compression: bool, chunk_byte_s
     if checksum and not use_zarr3 and not use_compression:
         raise ValueError("checksum=True needs use_compression=True or use_zarr3=True (uncompressed "
                          "Zarr v2 chunks have nowhere to keep a checksum)")
-    return SaveOptions(use_zarr3, bool(use_ocdbt), use_compression, chunk_byte_size, leaf_sizes, target,
-                    bool(replica_parallel), bool(copy), workers or default_workers(), sync,
-                       bool(checksum))
+    opts = SaveOptions(use_zarr3, bool(use_ocdbt), use_compression, chunk_byte_size, leaf_sizes, target,
+                       bool(replica_parallel), bool(copy), workers or default_workers(), sync, bool(checksum))
+    if background:
+        opts = dataclasses.replace(opts, nice=background_nice(),
+                                   workers=workers or background_workers(_writes_local_files(path)))
+    return opts
 
 
 #: What :func:`save`'s ``item_options`` may set for one item
@@ -443,9 +449,10 @@ ITEM_OPTIONS = frozenset({"use_zarr3", "use_ocdbt", "use_compression", "checksum
 
 
 def _item_options(item_options: Mapping[str, Mapping[str, Any]] | None, composite: bool, tree: Any, path: Any,
-                  opts: SaveOptions, **defaults: Any) -> dict[str, tuple[SaveOptions, Any]]:
+                  opts: SaveOptions, pytree_custom_metadata: Any) -> dict[str, tuple[SaveOptions, Any]]:
     """``{item: (its save options, its pytree custom metadata)}`` for the items that
-    ``item_options`` names, checked like the save's own options."""
+    ``item_options`` names, checked like the save's own options (``opts``: the save's, which
+    the items' options start from)."""
     if not item_options:
         return {}
     if not composite:
@@ -463,7 +470,10 @@ def _item_options(item_options: Mapping[str, Mapping[str, Any]] | None, composit
         unknown = set(given) - ITEM_OPTIONS
         if unknown:
             raise ValueError(f"unknown item_options[{name!r}] {sorted(unknown)} (known: {sorted(ITEM_OPTIONS)})")
-        o = {**defaults, **given}
+        o = {"use_zarr3": opts.use_zarr3, "use_ocdbt": opts.use_ocdbt, "use_compression": opts.use_compression,
+             "checksum": opts.checksum, "chunk_byte_size": opts.chunk_byte_size,
+             "ocdbt_target_data_file_size": opts.target_data_file_size,
+             "pytree_custom_metadata": pytree_custom_metadata, **given}
         item = make_options(path, bool(o["use_zarr3"]), bool(o["use_compression"]), o["chunk_byte_size"],
                             opts.leaf_chunk_byte_sizes, o["ocdbt_target_data_file_size"], opts.replica_parallel,
                             opts.copy, opts.workers, opts.sync, use_ocdbt=bool(o["use_ocdbt"]),
@@ -477,6 +487,9 @@ def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: SaveOption
                 per_item: Mapping[str, tuple[SaveOptions, Any]] | None = None) -> dict[str, ItemPlan | JsonItem]:
     """What to write for each item (``""`` for a single item), checked before anything is;
     ``per_item`` gives some items their own options and custom metadata."""
+    for h in handler.values() if isinstance(handler, Mapping) else [handler]:
+        if h is not None and h not in _HANDLERS:
+            raise ValueError(f"handler must be 'standard' or 'pytree', not {h!r}")
     if composite:
         if not isinstance(tree, Mapping) or not tree:
             raise TypeError("composite=True needs a non-empty dict of item name -> tree or JsonItem")
