@@ -22,16 +22,7 @@ from ocdbt_py.errors import OcdbtError, StorageError
 from ocdbt_py.kvstore import LocalStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
 from ocdbt_py.kvstore.sinks import DeferredSyncStore, open_sink
-
-SECRET = b"TOP-SECRET-TOKEN-0123456789"
-
-
-@pytest.fixture
-def outside(tmp_path: Path) -> Path:
-    d = tmp_path / "outside"
-    d.mkdir()
-    (d / "victim").write_bytes(SECRET)
-    return d
+from tests.security.conftest import SECRET
 
 
 def _untouched(outside: Path) -> None:

@@ -20,16 +20,7 @@ from ocdbt_py import checkpoint
 from ocdbt_py.errors import OcdbtError, StorageError
 from ocdbt_py.kvstore import LocalStore, open_kvstore
 from ocdbt_py.kvstore import local as local_module
-
-SECRET = b"TOP-SECRET-TOKEN-0123456789"
-
-
-@pytest.fixture
-def outside(tmp_path: Path) -> Path:
-    d = tmp_path / "outside"
-    d.mkdir()
-    (d / "victim").write_bytes(SECRET)
-    return d
+from tests.security.conftest import SECRET
 
 
 def dirs_checkpoint(path: Path) -> Path:
