@@ -33,8 +33,10 @@ def _reference(leaves: Sequence[Leaf], write_shapes: Mapping[str, Sequence[int]]
 
 NAMES = ["a", "b.c", "ü", "日本", 'q"uote', "back\\slash", "tab\tnl\n", "\x00ctl", "😀", "", "0", "'", "('x',)"]
 TYPES = [NP_ARRAY, SCALAR, STRING, JAX_ARRAY, "None", "Dict", "List", "Tuple"]
-CUSTOM: list[Any] = [None, {}, {"a": 1, "b": [1.5, None, True]}, {"ü": "日本", "nan": float("nan"), "inf": float("inf")},
-          [1, 2], "text", 3, {"nested": {"x": {"y": []}}}, {1: "int key"}]
+CUSTOM: list[Any] = [
+    None, {}, {"a": 1, "b": [1.5, None, True]}, {"ü": "日本", "nan": float("nan"), "inf": float("inf")},
+    [1, 2], "text", 3, {"nested": {"x": {"y": []}}}, {1: "int key"},
+]
 
 
 @pytest.mark.parametrize("seed", range(40))
