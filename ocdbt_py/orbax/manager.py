@@ -24,6 +24,7 @@ from ocdbt_py.checkpoint.meta import list_steps
 from ocdbt_py.checkpoint.restore.api import resolve
 from ocdbt_py.errors import NotFoundError, StorageError, UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.local import key_below, open_dir_beneath
 from ocdbt_py.kvstore.prefixed import PrefixStore
 from ocdbt_py.orbax import args as args_lib
 from ocdbt_py.orbax import utils
@@ -387,11 +388,23 @@ class CheckpointManager:
         copied elsewhere); the native delete then removes whatever is left."""
         name = self._native.step_name_format.name(step)
         kv = self._native.kv
-        src, dst_dir = kv.local_path(name), kv.local_path(sub)
-        if src is not None and dst_dir is not None:
-            os.makedirs(dst_dir, exist_ok=True)
+        src, dst_dir, root = kv.local_path(name), kv.local_path(sub), kv.no_follow_root()
+        src_key = key_below(root, src) if root and src else None
+        dst_key = key_below(root, dst_dir) if root and dst_dir else None
+        if root is not None and src_key is not None and dst_key is not None:
+            # renamed between directory descriptors opened below the root with no link followed
+            # (a linked <sub> or step parent gets an error; a linked step moves as the link itself)
+            *src_dirs, src_name = src_key.split("/")
             try:
-                os.rename(src, os.path.join(dst_dir, name))
+                sfd = open_dir_beneath(root, src_dirs, url=kv.url)
+                try:
+                    dfd = open_dir_beneath(root, dst_key.split("/"), create=True, url=kv.url)
+                    try:
+                        os.rename(src_name, name, src_dir_fd=sfd, dst_dir_fd=dfd)
+                    finally:
+                        os.close(dfd)
+                finally:
+                    os.close(sfd)
             except OSError as e:
                 raise StorageError(f"cannot move {src} into {dst_dir}: {e}") from e
             return

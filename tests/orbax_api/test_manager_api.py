@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
 
 import ocdbt_py.orbax as ocp
 from ocdbt_py.checkpoint import metadata, restore
-from ocdbt_py.errors import UnsupportedError
+from ocdbt_py.errors import StorageError, UnsupportedError
 
 
 def test_composite_results_indexable_and_default_item(tmp_path) -> None:
@@ -120,3 +121,23 @@ def test_checkpointers_and_per_leaf_save_args(tmp_path) -> None:
     assert ck.metadata(tmp_path / "c").item_metadata["a"].shape == (64, 64)
     with pytest.raises(UnsupportedError):
         ocp.SaveArgs(aggregate=True)
+
+
+def test_todelete_subdir_link_is_not_followed(tmp_path) -> None:
+    """A ``todelete_subdir`` that is a link to elsewhere: the step is not moved out of the
+    root (our error; the step stays where it was)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "m"
+    mngr = ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(
+        todelete_subdir="trash", enable_async_checkpointing=False))
+    mngr.save(0, args=ocp.args.StandardSave({"x": np.zeros(2)}))
+    (root / "trash").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(StorageError, match="symbolic link"):
+        mngr.delete(0)
+    assert os.listdir(outside) == []
+    np.testing.assert_array_equal(restore(root / "0" / "default")["x"], [0, 0])
+    (root / "trash").unlink()
+    mngr.delete(0)  # a real directory: moved there
+    assert (root / "trash" / "0").is_dir() and not (root / "0").exists()
+    mngr.close()
