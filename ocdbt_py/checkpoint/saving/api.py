@@ -133,7 +133,7 @@ class ItemPlan:
     shardings: dict[str, str]
     array_metadatas: list[tuple[str, tuple[int, ...], tuple[int, ...], Any]]
     custom_metadata: Any
-    opts: SaveOptions | None = None  # this item's options (``None``: the save's)
+    opts: SaveOptions  # this item's options (the save's, or its own from ``item_options``)
 
 
 #: Array specs by everything they are made from: a training loop saving the same tree again
@@ -527,7 +527,7 @@ def _run(dest: Destination, plans: Mapping[str, ItemPlan | JsonItem], coord: Coo
         for name, plan in plans.items():
             if isinstance(plan, ItemPlan):
                 item_kv = PrefixStore(root, name) if name else root
-                own[name] = _write_process_part(item_kv, plan, coord, plan.opts or opts)
+                own[name] = _write_process_part(item_kv, plan, coord, plan.opts)
         if opts.sync and coord.is_primary:
             # the primary's data files need only be durable before its commit: they are
             # fsynced while the merged root and metadata files are built (joined before the commit)
@@ -584,7 +584,7 @@ def commit_items(dest: Destination, root: KvStore, plans: Mapping[str, ItemPlan 
             item_kv.set(plan.filename, layout_writer.json_item(plan.value))
             handlers[name] = layout_writer.JSON_HANDLER
         else:
-            _finalize_item(item_kv, plan, coord, plan.opts or opts, own.get(name))
+            _finalize_item(item_kv, plan, coord, plan.opts, own.get(name))
             handlers[name] = plan.handler
         if composite:
             item_kv.set(layout_writer.COMMIT_MARKER,
