@@ -175,12 +175,15 @@ class _FileSink:
             owner.note_written(path)
 
     def write(self, data: bytes | memoryview) -> int:
-        mv = memoryview(data)
+        n = self._write_all(memoryview(data))
+        self._note(n)
+        return n
+
+    def _write_all(self, mv: memoryview) -> int:
         n = mv.nbytes
         done = 0
         while done < n:
             done += self._f.write(mv[done:])
-        self._note(n)
         return n
 
     def write_parts(self, parts: Sequence[bytes | memoryview]) -> int:
@@ -189,7 +192,8 @@ class _FileSink:
         views = [memoryview(p).cast("B") for p in parts]
         total = sum(v.nbytes for v in views)
         if not hasattr(os, "writev"):  # platform-specific: no vectored writes (Windows)
-            self.write(b"".join(views))
+            self._write_all(memoryview(b"".join(views)))
+            self._note(total)
             return total
         fd = self._f.fileno()
         i = 0
@@ -202,7 +206,7 @@ class _FileSink:
                     if done >= v.nbytes:
                         done -= v.nbytes
                         continue
-                    self.write(v[done:])
+                    self._write_all(v[done:])
                     done = 0
             i += _IOV_GROUP
         self._note(total)
