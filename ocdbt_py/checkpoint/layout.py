@@ -150,9 +150,12 @@ def _is_json_dir(lst: Listing) -> bool:
 V1_JSON_FILE = "data.json"
 
 
-#: The files of Orbax's ``process_metadata`` item, a directory of JSON documents by name
-#: (restored as ``{file name: document}`` even when only one of them is there).
-JSON_DIR_MEMBERS = frozenset({"global_process_metadata.json", "mesh_metadata.json"})
+#: The files of Orbax's ``process_metadata`` item (the multi-tier manager's topology, see
+#: :mod:`ocdbt_py.checkpoint.manager.mesh_metadata`): a directory of JSON documents by name
+GLOBAL_PROCESS_METADATA = "global_process_metadata.json"
+MESH_METADATA = "mesh_metadata.json"
+#: ... restored as ``{file name: document}`` even when only one of them is there
+JSON_DIR_MEMBERS = frozenset({GLOBAL_PROCESS_METADATA, MESH_METADATA})
 
 
 def json_item_file(lst: Listing, name: str | None = None) -> str | None:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ocdbt_py.checkpoint.jsonio import read_json
+from ocdbt_py.checkpoint.layout import GLOBAL_PROCESS_METADATA, MESH_METADATA
 from ocdbt_py.checkpoint.meta import LeafMetadata, metadata
 from ocdbt_py.checkpoint.saving.jax_arrays import sharding_json
 from ocdbt_py.errors import CorruptionError
@@ -38,8 +39,6 @@ __all__ = ["PROCESS_METADATA", "GLOBAL_PROCESS_METADATA", "MESH_METADATA", "Topo
 
 #: The item of a local step holding the topology files (a name Orbax reserves).
 PROCESS_METADATA = "process_metadata"
-GLOBAL_PROCESS_METADATA = "global_process_metadata.json"
-MESH_METADATA = "mesh_metadata.json"
 _LIMIT = 16 << 20
 
 
