@@ -16,9 +16,9 @@ back, with metadata byte-identical to TensorStore's.
 
 from __future__ import annotations
 
-from zarr3._executor import num_threads, set_num_threads
 from zarr3.array import Array, create, open
 from zarr3.dtypes import DATA_TYPES, DataType
+from zarr3.engine.executor import num_threads, set_num_threads
 from zarr3.errors import (
     ArrayNotFoundError,
     ChunkNotFoundError,

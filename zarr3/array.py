@@ -23,9 +23,6 @@ import numpy as np
 
 from ocdbt_py.errors import CorruptionError, ReadOnlyError
 from ocdbt_py.kvstore import KvStore, PrefixStore, open_kvstore
-from zarr3 import _dask
-from zarr3._alloc import empty
-from zarr3._executor import IoSink, Job, LocalFetcher, batched, run_jobs, run_pipeline
 from zarr3.chunk_grid import ChunkKeyEncoding, parse_shape
 from zarr3.codecs import (
     BytesCodec,
@@ -42,6 +39,9 @@ from zarr3.codecs.sharding import MISSING
 from zarr3.codecs.vlen_bytes import VlenBytesCodec
 from zarr3.codecs.vlen_utf8 import VlenUtf8Codec
 from zarr3.dtypes import DataType, data_type_from_numpy, struct_v2_json, v2_dtype_string
+from zarr3.engine import dask_blocks
+from zarr3.engine.alloc import empty
+from zarr3.engine.executor import IoSink, Job, LocalFetcher, batched, run_jobs, run_pipeline
 from zarr3.errors import (
     ArrayNotFoundError,
     ChunkNotFoundError,
@@ -321,16 +321,16 @@ class Array:
         object with the graph (fine for threads; it must pickle for processes).
         """
         stored = self.shards or self.chunks
-        chunks = _dask.merged_chunks(self.shape, stored, self.dtype.itemsize,
-                                     block_bytes or _dask.DEFAULT_BLOCK_BYTES)
+        chunks = dask_blocks.merged_chunks(self.shape, stored, self.dtype.itemsize,
+                                           block_bytes or dask_blocks.DEFAULT_BLOCK_BYTES)
         src = getattr(self, "_source", None)
         import dask.base  # optional: to_dask needs dask anyway
 
         if src is not None:
             name = f"zarr3-{dask.base.tokenize(src, chunks)}"
-            return _dask.block_array(name, self.shape, self.dtype, chunks, read_source_block, src)
+            return dask_blocks.block_array(name, self.shape, self.dtype, chunks, read_source_block, src)
         name = f"zarr3-{dask.base.tokenize(id(self), self._store.url, chunks)}"
-        return _dask.block_array(name, self.shape, self.dtype, chunks, _dask.read_object_block, self)
+        return dask_blocks.block_array(name, self.shape, self.dtype, chunks, dask_blocks.read_object_block, self)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         arr = self.read()
@@ -815,19 +815,19 @@ def _remember_source(arr: Array, location: str, storage_options: dict[str, Any] 
     try:
         if not location.startswith(("/",)) and "://" not in location:
             location = os.path.abspath(location)
-        arr._source = _dask.ArraySource.of(location, storage_options, path, zarr_format)
+        arr._source = dask_blocks.ArraySource.of(location, storage_options, path, zarr_format)
     except (TypeError, ValueError):  # options that are not JSON: ship the array object instead
         pass
 
 
 @functools.lru_cache(maxsize=32)
-def _open_source(src: _dask.ArraySource) -> Array:
+def _open_source(src: dask_blocks.ArraySource) -> Array:
     """A read-only array opened by location, once per process (dask tasks)."""
     opts = json.loads(src.options_json) or None
     return open(src.location, src.path, storage_options=opts, zarr_format=src.zarr_format)
 
 
-def read_source_block(src: _dask.ArraySource, sel: tuple[slice, ...]) -> np.ndarray:
+def read_source_block(src: dask_blocks.ArraySource, sel: tuple[slice, ...]) -> np.ndarray:
     """A dask task: read one block of the array a source names."""
     return np.asarray(_open_source(src)[sel])
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from zarr3 import _json
 from zarr3.chunk_grid import ChunkKeyEncoding, parse_shape
 from zarr3.codecs import FILTERS, OBJECT_CODECS, CodecChain, compressor_from_v2, compressor_to_v2, filters_from_v2
 from zarr3.codecs._filter import Filter
@@ -25,6 +24,7 @@ from zarr3.codecs.bytes import BytesCodec, StructBytesCodec
 from zarr3.codecs.transpose import TransposeCodec
 from zarr3.codecs.v2_filters import V2FilterCodec
 from zarr3.dtypes import OBJECT, STRING, VLEN_BYTES, DataType, parse_dtype_v2, struct_v2_json, v2_dtype_string
+from zarr3.engine import json_text
 from zarr3.errors import MetadataError, UnsupportedError
 from zarr3.fill_value import encode_fill_value_v2, parse_fill_value_v2
 from zarr3.metadata_v3 import check_chunk_nbytes
@@ -168,14 +168,14 @@ class ArrayMetadataV2:
 
     def to_bytes(self) -> bytes:
         """Compact, key-sorted ``.zarray`` bytes."""
-        return _json.dumps(self.to_json()).encode("utf-8")
+        return json_text.dumps(self.to_json()).encode("utf-8")
 
     def attrs_bytes(self) -> bytes | None:
         """``.zattrs`` bytes, or ``None`` when there are no attributes."""
         if not self.attributes:
             return None
         try:
-            return _json.dumps(self.attributes).encode("utf-8")
+            return json_text.dumps(self.attributes).encode("utf-8")
         except (TypeError, ValueError) as e:
             raise MetadataError("attributes", self.attributes, f"not JSON-serializable: {e}") from e
 
@@ -226,13 +226,13 @@ class GroupMetadataV2:
         """``.zattrs`` bytes, or ``None`` when there are no attributes."""
         if not self.attributes:
             return None
-        return _json.dumps(self.attributes).encode("utf-8")
+        return json_text.dumps(self.attributes).encode("utf-8")
 
 
 def parse_json_doc(data: bytes, name: str) -> Any:
     """Parse a JSON metadata document, reporting errors as :class:`MetadataError`."""
     try:
-        return _json.loads(data, allow_constants=True)  # zarr-python writes NaN attributes
+        return json_text.loads(data, allow_constants=True)  # zarr-python writes NaN attributes
     except (ValueError, UnicodeDecodeError) as e:
         raise MetadataError(name, bytes(data[:80]), f"not valid JSON: {e}") from e
 

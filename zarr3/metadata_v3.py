@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from zarr3 import _json
 from zarr3.chunk_grid import ChunkKeyEncoding, parse_chunk_grid, parse_shape
 from zarr3.codecs import CodecChain, parse_codecs
 from zarr3.codecs.base import ChunkSpec, Codec
 from zarr3.dtypes import DataType, parse_data_type_v3
+from zarr3.engine import json_text
 from zarr3.errors import MetadataError
 from zarr3.fill_value import encode_fill_value_v3, parse_fill_value_v3
 
@@ -181,7 +181,7 @@ class ArrayMetadataV3:
     def to_bytes(self) -> bytes:
         """Compact, key-sorted UTF-8 JSON, byte-identical to TensorStore's output."""
         try:
-            return _json.dumps(self.to_json()).encode("utf-8")
+            return json_text.dumps(self.to_json()).encode("utf-8")
         except (TypeError, ValueError) as e:
             raise MetadataError("attributes", self.attributes, f"not JSON-serializable: {e}") from e
 
@@ -227,13 +227,13 @@ class GroupMetadataV3:
 
     def to_bytes(self) -> bytes:
         """Compact, key-sorted UTF-8 JSON."""
-        return _json.dumps(self.to_json()).encode("utf-8")
+        return json_text.dumps(self.to_json()).encode("utf-8")
 
 
 def parse_zarr_json(data: bytes) -> ArrayMetadataV3 | GroupMetadataV3:
     """Parse ``zarr.json`` bytes into array or group metadata."""
     try:
-        obj = _json.loads(data, allow_constants=True)  # zarr-python writes NaN attributes
+        obj = json_text.loads(data, allow_constants=True)  # zarr-python writes NaN attributes
     except (ValueError, UnicodeDecodeError) as e:
         raise MetadataError("zarr.json", data[:80], f"not valid JSON: {e}") from e
     if isinstance(obj, Mapping) and obj.get("node_type") == "group":

@@ -20,7 +20,7 @@ import numpy as np
 from ocdbt_py.checkpoint.restore.api import PathLike, resolve, restore
 from ocdbt_py.checkpoint.restore.reader import LazyArray
 from ocdbt_py.kvstore import KvStore
-from zarr3._dask import DEFAULT_BLOCK_BYTES, block_array, merged_chunks
+from zarr3.engine.dask_blocks import DEFAULT_BLOCK_BYTES, block_array, merged_chunks
 
 __all__ = ["to_dask", "CheckpointSource"]
 

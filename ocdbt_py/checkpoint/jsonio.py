@@ -6,7 +6,7 @@ from typing import Any
 
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import KvStore
-from zarr3._json import parse
+from zarr3.engine.json_text import parse
 
 __all__ = ["read_json", "read_bytes", "MAX_JSON_BYTES"]
 

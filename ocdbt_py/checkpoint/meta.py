@@ -29,8 +29,8 @@ from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
-from zarr3._json import parse as parse_json_text
 from zarr3.dtypes import parse_data_type_v3, parse_dtype_v2
+from zarr3.engine.json_text import parse as parse_json_text
 
 __all__ = ["LeafMetadata", "CheckpointInfo", "metadata", "list_steps", "item_metadata", "describe"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ocdbt_py.checkpoint.jsonio import parse_json
 from ocdbt_py.errors import CorruptionError
-from zarr3._json import parse as parse_json_text
+from zarr3.engine.json_text import parse as parse_json_text
 
 __all__ = [
     "KEY_SEQUENCE",

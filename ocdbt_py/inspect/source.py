@@ -54,7 +54,7 @@ REMOTE_WORKERS = 8
 def default_workers(remote: bool = False) -> int:
     """Worker threads for fetching, decoding and reducing chunks: zarr3's setting
     (``ZARR3_NUM_THREADS`` or the CPU count), at least :data:`REMOTE_WORKERS` for remote stores."""
-    from zarr3._executor import num_threads
+    from zarr3.engine.executor import num_threads
 
     return max(num_threads(), REMOTE_WORKERS) if remote else num_threads()
 

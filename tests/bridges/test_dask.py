@@ -13,7 +13,7 @@ import pytest
 
 import zarr3
 from ocdbt_py import checkpoint
-from zarr3._dask import merged_chunks
+from zarr3.engine.dask_blocks import merged_chunks
 
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")

@@ -18,7 +18,7 @@ import zarr3
 from ocdbt_py import checkpoint
 from ocdbt_py.errors import CorruptionError, OcdbtError
 from ocdbt_py.kvstore import MemoryStore
-from zarr3._json import MAX_DEPTH, loads
+from zarr3.engine.json_text import MAX_DEPTH, loads
 from zarr3.errors import MetadataError
 
 pytestmark = pytest.mark.timeout(60)

@@ -517,7 +517,7 @@ def test_v2_structured_dtype_round_trip() -> None:
 
 def test_local_fetcher_matches_localstore(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from ocdbt_py.kvstore import PrefixStore
-    from zarr3._executor import LocalFetcher
+    from zarr3.engine.executor import LocalFetcher
 
     store = LocalStore(tmp_path)
     store.set("p/q/a", bytes(range(200)))

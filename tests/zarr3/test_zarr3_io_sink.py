@@ -6,16 +6,16 @@ import threading
 
 import pytest
 
-from zarr3 import _executor
-from zarr3._executor import IoSink
+from zarr3.engine import executor
+from zarr3.engine.executor import IoSink
 
 
 @pytest.fixture(autouse=True)
 def _threads() -> object:
-    old = _executor.num_threads()
-    _executor.set_num_threads(4)
+    old = executor.num_threads()
+    executor.set_num_threads(4)
     yield
-    _executor.set_num_threads(old)
+    executor.set_num_threads(old)
 
 
 def test_every_write_runs_and_finished_ones_are_not_kept() -> None:

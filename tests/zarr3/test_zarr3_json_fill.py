@@ -13,8 +13,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from zarr3 import _json
 from zarr3.dtypes import DATA_TYPES, data_type_from_numpy, parse_data_type_v3, parse_dtype_v2, v2_dtype_string
+from zarr3.engine import json_text
 from zarr3.errors import MetadataError
 from zarr3.fill_value import (
     encode_fill_value_v2,
@@ -51,7 +51,7 @@ from zarr3.fill_value import (
     ],
 )
 def test_format_float_matches_nlohmann(value: float, text: str) -> None:
-    assert _json.format_float(value) == text
+    assert json_text.format_float(value) == text
     assert float(text) == value
 
 
@@ -61,30 +61,30 @@ def test_format_float_round_trips_random_doubles() -> None:
     for x in bits.view(np.float64):
         x = float(x)
         if math.isfinite(x):
-            assert float(_json.format_float(x)) == x
+            assert float(json_text.format_float(x)) == x
 
 
 def test_format_float_rejects_non_finite() -> None:
     for x in (math.nan, math.inf, -math.inf):
         with pytest.raises(ValueError):
-            _json.format_float(x)
+            json_text.format_float(x)
 
 
 def test_dumps_sorted_compact_utf8() -> None:
     obj = {"z": 1, "a": [1, 2.0, None, True], "ü": "ö\x1f/", "m": {"b": 1, "a": 2}}
-    assert _json.dumps(obj) == '{"a":[1,2.0,null,true],"m":{"a":2,"b":1},"z":1,"ü":"ö\\u001f/"}'
-    assert json.loads(_json.dumps(obj)) == obj
+    assert json_text.dumps(obj) == '{"a":[1,2.0,null,true],"m":{"a":2,"b":1},"z":1,"ü":"ö\\u001f/"}'
+    assert json.loads(json_text.dumps(obj)) == obj
 
 
 def test_dumps_big_ints_and_numpy_scalars() -> None:
-    assert _json.dumps([2**64 - 1, -(2**63), np.int64(3), np.float32(0.5)]) == (
+    assert json_text.dumps([2**64 - 1, -(2**63), np.int64(3), np.float32(0.5)]) == (
         "[18446744073709551615,-9223372036854775808,3,0.5]"
     )
 
 
 def test_loads_rejects_nan_literal() -> None:
     with pytest.raises(ValueError):
-        _json.loads(b'{"a": NaN}')
+        json_text.loads(b'{"a": NaN}')
 
 
 # -- data types ---------------------------------------------------------------------------

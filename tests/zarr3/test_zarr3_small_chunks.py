@@ -21,8 +21,8 @@ def _write(store: MemoryStore, data: np.ndarray, first: np.ndarray) -> None:
 
 @pytest.mark.parametrize("threads", [1, 4])
 def test_batched_small_chunks_match_one_at_a_time(threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    old = zarr3._executor.num_threads()
-    zarr3._executor.set_num_threads(threads)
+    old = zarr3.engine.executor.num_threads()
+    zarr3.engine.executor.set_num_threads(threads)
     try:
         rng = np.random.default_rng(5)
         data = rng.integers(1, 100, (103, 52)).astype(np.int32)
@@ -40,7 +40,7 @@ def test_batched_small_chunks_match_one_at_a_time(threads: int, monkeypatch: pyt
         for k in keys:
             assert batched.get(k) == single.get(k)
     finally:
-        zarr3._executor.set_num_threads(old)
+        zarr3.engine.executor.set_num_threads(old)
 
 
 def test_chunks_per_job() -> None:

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from ocdbt_py.errors import CorruptionError
-from zarr3 import _json
 from zarr3.codecs._filter import Filter, register_filter
+from zarr3.engine import json_text
 from zarr3.errors import MetadataError
 
 __all__ = ["Json2Filter"]
@@ -59,12 +59,12 @@ class Json2Filter(Filter):
         items: list[Any] = np.atleast_1d(a).tolist()
         items.append("|O")
         items.append(list(a.shape))
-        return np.frombuffer(_json.dumps(items).encode("utf-8"), dtype=np.uint8)
+        return np.frombuffer(json_text.dumps(items).encode("utf-8"), dtype=np.uint8)
 
     def decode(self, buf: Any) -> np.ndarray:
         raw = np.ascontiguousarray(np.asarray(buf)).reshape(-1).view(np.uint8).tobytes()
         try:
-            items = _json.loads(raw)
+            items = json_text.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise CorruptionError(f"json2: invalid JSON chunk: {e}") from e
         if not isinstance(items, list) or len(items) < 2 or items[-2] not in ("|O", "O"):

@@ -43,9 +43,9 @@ from ocdbt_py.checkpoint.restore.storage import ArrayStore
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request, slice_range
 from ocdbt_py.kvstore.prefixed import PrefixStore
-from zarr3._alloc import empty
-from zarr3._executor import num_threads, run_pipeline
 from zarr3.array import Array
+from zarr3.engine.alloc import empty
+from zarr3.engine.executor import num_threads, run_pipeline
 from zarr3.errors import ChunkNotFoundError, MetadataError
 from zarr3.metadata_v2 import parse_zarray
 from zarr3.metadata_v3 import ArrayMetadataV3, parse_zarr_json

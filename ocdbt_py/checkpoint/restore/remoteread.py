@@ -45,7 +45,7 @@ from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.coalesce import merge_ranges
 from ocdbt_py.kvstore.futures import all_done
 from ocdbt_py.pools import shared
-from zarr3._executor import get_pool, num_threads
+from zarr3.engine.executor import get_pool, num_threads
 
 __all__ = ["RemoteSource", "Prefetch", "IN_FLIGHT_BYTES", "MAX_SPAN", "GAP", "fetch_budget"]
 

@@ -24,8 +24,8 @@ from ocdbt_py.checkpoint.restore.localread import Placement
 from ocdbt_py.checkpoint.restore.pages import HUGE_MIN, output_pages
 from ocdbt_py.checkpoint.restore.slabs import Slab, fill_slab, plan_slabs, run_codec
 from ocdbt_py.errors import CorruptionError
-from zarr3._alloc import empty
-from zarr3._executor import get_pool, num_threads
+from zarr3.engine.alloc import empty
+from zarr3.engine.executor import get_pool, num_threads
 
 __all__ = ["SingleBatch", "JOB_BYTES"]
 

@@ -28,8 +28,8 @@ import numpy as np
 import zstandard
 
 from ocdbt_py.errors import CorruptionError
-from zarr3._alloc import empty
 from zarr3.codecs.zstd import ZstdCodec, zstd_decompress_into
+from zarr3.engine.alloc import empty
 
 __all__ = ["SLAB_BYTES", "ZSTD", "RAW", "Slab", "run_codec", "plan_slabs", "fill_slab"]
 
