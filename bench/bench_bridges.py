@@ -8,14 +8,14 @@ Every measurement runs in a fresh subprocess (its own imports, caches and peak R
 the inputs were read once so every side finds them in the page cache; best of ``--repeat``.
 Cases, with the issue's targets:
 
-* ``export``: ``checkpoint.export_safetensors(ckpt, dir, max_shard_size=size/4)`` vs our own
+* ``export``: ``bridges.export_safetensors(ckpt, dir, max_shard_size=size/4)`` vs our own
   ``checkpoint.restore`` of the same checkpoint, and vs ``safetensors.numpy.save_file`` of the
   same arrays (already in memory); peak RSS growth vs the largest tensor.
-* ``import``: ``checkpoint.import_safetensors(dir, ckpt)`` of those shards vs our restore and
+* ``import``: ``bridges.import_safetensors(dir, ckpt)`` of those shards vs our restore and
   vs ``safetensors.numpy.load_file`` of the shards (which holds every tensor in memory).
 * ``zarr``: zarr-python reading the whole array through ``ocdbt://`` vs zarr-python on a plain
   directory holding the same array (same chunks and codec)                 target <= 1.3x
-* ``dask``: ``sum`` of every array of ``checkpoint.to_dask(ckpt)`` on a LocalCluster of 2
+* ``dask``: ``sum`` of every array of ``bridges.to_dask(ckpt)`` on a LocalCluster of 2
   worker processes (cluster start excluded) vs ``checkpoint.restore`` + NumPy sums   <= 1.5x
 
 The machine may be shared: quote ratios, with the load average printed beside them.
@@ -85,13 +85,13 @@ def _w_restore(ckpt: str) -> dict[str, Any]:
 
 
 def _w_export(ckpt: str, out: str, shard: str) -> dict[str, Any]:
-    from ocdbt_py import checkpoint
+    from ocdbt_py import bridges
     from ocdbt_py.bridges import safetensors_export  # noqa: F401
 
     shutil.rmtree(out, ignore_errors=True)
     peak = _PeakRss()
     t = time.perf_counter()
-    checkpoint.export_safetensors(ckpt, out, max_shard_size=int(shard))
+    bridges.export_safetensors(ckpt, out, max_shard_size=int(shard))
     return {"seconds": time.perf_counter() - t, "rss_growth": peak.growth()}
 
 
@@ -116,13 +116,13 @@ def _w_st_load(src: str) -> dict[str, Any]:
 
 
 def _w_import(src: str, dst: str) -> dict[str, Any]:
-    from ocdbt_py import checkpoint
+    from ocdbt_py import bridges
     from ocdbt_py.bridges import safetensors_import  # noqa: F401
 
     shutil.rmtree(dst, ignore_errors=True)
     peak = _PeakRss()
     t = time.perf_counter()
-    checkpoint.import_safetensors(src, dst)
+    bridges.import_safetensors(src, dst)
     return {"seconds": time.perf_counter() - t, "rss_growth": peak.growth()}
 
 
@@ -148,13 +148,13 @@ def _w_dask(ckpt: str) -> dict[str, Any]:
     import dask
     from distributed import Client, LocalCluster
 
-    from ocdbt_py import checkpoint
+    from ocdbt_py import bridges
 
     cluster = LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
                            host="127.0.0.1")
     try:
         with Client(cluster):
-            tree = checkpoint.to_dask(ckpt)
+            tree = bridges.to_dask(ckpt)
             sums = [v["w"].sum(dtype="float64") for v in tree.values()]
             dask.compute(*[v["w"][:1].sum() for v in tree.values()])  # workers up and importing
             t = time.perf_counter()
@@ -180,13 +180,13 @@ WORKERS = {"restore": _w_restore, "export": _w_export, "st_save": _w_st_save, "i
 
 # -- setup -------------------------------------------------------------------------------------
 def _setup(d: Path, size: int) -> dict[str, str]:
-    from ocdbt_py import checkpoint
+    from ocdbt_py import bridges, checkpoint
 
     paths = {"ckpt": str(d / "ckpt"), "hf": str(d / "hf"), "zplain": str(d / "plain.zarr"), "zdb": str(d / "zdb")}
     if not (d / "ckpt").exists():
         checkpoint.save(paths["ckpt"], _arrays(size))
     if not (d / "hf").exists():
-        checkpoint.export_safetensors(paths["ckpt"], paths["hf"], max_shard_size=size // 4)
+        bridges.export_safetensors(paths["ckpt"], paths["hf"], max_shard_size=size // 4)
     if not (d / "zdb").exists():
         import numpy as np
         import zarr

@@ -149,12 +149,12 @@ def run_meta(path: Path) -> dict[str, Any]:
 
 
 def run_export(path: Path, out: Path) -> dict[str, Any]:
-    from ocdbt_py import checkpoint
+    from ocdbt_py import bridges
 
     _preimport()
     base = _peak_mib()
     t0 = time.perf_counter()
-    names = checkpoint.export_safetensors(path, out)
+    names = bridges.export_safetensors(path, out)
     dt = time.perf_counter() - t0
     size = out.stat().st_size
     out.unlink()

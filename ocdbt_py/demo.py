@@ -9,7 +9,7 @@ ml_dtypes): no JAX, TensorStore or Orbax.  Everything it makes stays in ``demo-o
 2. ``ocdbt_py.open`` reads that database: keys, statistics, ``verify``.
 3. ``checkpoint.metadata`` gives shapes and dtypes without reading array data.
 4. ``checkpoint.restore`` gives NumPy arrays back, compared with what was saved.
-5. ``checkpoint.export_safetensors`` streams it into a ``.safetensors`` file.
+5. ``bridges.export_safetensors`` streams it into a ``.safetensors`` file.
 6. A training loop with ``CheckpointManager``: async saves every 10 steps, retention by
    ``LatestN`` and ``BestN`` on the loss; the best step is restored.
 7. A plain OCDBT database: one transaction per generation, reads at an older version.
@@ -131,7 +131,7 @@ def _make_tree() -> dict[str, Any]:
 def _save_and_read(work: str, tree: dict[str, Any]) -> tuple[str, bool]:
     """Steps 1-5: save, open, verify, metadata, restore, export.  Returns (ckpt, ok)."""
     import ocdbt_py
-    from ocdbt_py import checkpoint
+    from ocdbt_py import bridges, checkpoint
     from ocdbt_py.maintenance.verify import verify
 
     ckpt = os.path.join(work, "ckpt")
@@ -168,9 +168,9 @@ def _save_and_read(work: str, tree: dict[str, Any]) -> tuple[str, bool]:
     same = _same_tree(back, tree)
     print(f"every leaf: {'matches what was saved' if same else 'MISMATCH'}")
 
-    _step(5, "checkpoint.export_safetensors: streamed to one file, tensor by tensor")
+    _step(5, "bridges.export_safetensors: streamed to one file, tensor by tensor")
     out = os.path.join(work, "model.safetensors")
-    names = checkpoint.export_safetensors(ckpt, out)
+    names = bridges.export_safetensors(ckpt, out)
     print(f"wrote {_shown_path(out)}: {len(names)} tensors, {human_bytes(os.path.getsize(out))}")
     return ckpt, report.ok and same
 

@@ -1,4 +1,4 @@
-"""``checkpoint.to_dask``: a checkpoint's tree with every array a lazy ``dask.array.Array``.
+"""``bridges.to_dask``: a checkpoint's tree with every array a lazy ``dask.array.Array``.
 
 Blocks follow the stored chunks (merged up to a target size, whole chunks only), and each
 task carries the checkpoint's URL, storage options, item, step and the leaf's path, never an

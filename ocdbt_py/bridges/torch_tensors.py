@@ -1,7 +1,7 @@
 """NumPy trees from :func:`ocdbt_py.checkpoint.restore` as ``torch.Tensor`` trees, without copies.
 
->>> from ocdbt_py import checkpoint
->>> state = checkpoint.to_torch(checkpoint.restore("/ckpts/1000/params"))   # doctest: +SKIP
+>>> from ocdbt_py import bridges, checkpoint
+>>> state = bridges.to_torch(checkpoint.restore("/ckpts/1000/params"))   # doctest: +SKIP
 
 ``torch.from_numpy`` shares the array's memory; bfloat16 and the float8 types (ml_dtypes
 arrays, which torch cannot take directly) are reinterpreted through a same-width integer view,

@@ -4,14 +4,13 @@
 >>> params = checkpoint.restore("/ckpts/1000/params")            # doctest: +SKIP
 >>> everything = checkpoint.restore("/ckpts")                    # latest step, every item
 >>> tree = checkpoint.metadata("/ckpts/1000/params")             # shapes, dtypes, no data
->>> checkpoint.export_safetensors("/ckpts/1000/params", "model.safetensors")  # streamed
->>> checkpoint.export_safetensors("/ckpts/1000/params", "hf/", max_shard_size="5GB")  # HF shards
->>> checkpoint.import_safetensors("hf/", "/ckpts/imported")      # safetensors -> Orbax, streamed
->>> arrays = checkpoint.to_dask("/ckpts/1000/params")            # dask.array leaves
+>>> checkpoint.export_npz("/ckpts/1000/params", "params.npz")   # doctest: +SKIP
 >>> checkpoint.copy("/old/1000", "/new/1000", use_ocdbt=True, use_zarr3=True)  # doctest: +SKIP
 
 Importing this package imports neither JAX nor TensorStore; JAX is imported only when a
 restore target contains JAX objects.  The on-disk layouts are described in ``spec/orbax.md``.
+Conversions to other tools (safetensors, dask, torch) sit above this package, in
+:mod:`ocdbt_py.bridges`.
 """
 
 from __future__ import annotations
@@ -24,10 +23,6 @@ from typing import TYPE_CHECKING, Any
 from ocdbt_py.checkpoint.restore.api import restore
 
 if TYPE_CHECKING:
-    from ocdbt_py.bridges.dask_arrays import to_dask
-    from ocdbt_py.bridges.safetensors_export import export_safetensors
-    from ocdbt_py.bridges.safetensors_import import import_safetensors
-    from ocdbt_py.bridges.torch_tensors import to_torch
     from ocdbt_py.checkpoint.convert.api import copy
     from ocdbt_py.checkpoint.export import export_npz
     from ocdbt_py.checkpoint.layout import UncommittedStepWarning
@@ -40,11 +35,7 @@ __all__ = [
     "restore",
     "metadata",
     "list_steps",
-    "export_safetensors",
     "export_npz",
-    "import_safetensors",
-    "to_dask",
-    "to_torch",
     "LeafMetadata",
     "CheckpointInfo",
     "LazyArray",
@@ -61,11 +52,6 @@ _WHERE = {
     "list_steps": "ocdbt_py.checkpoint.meta",
     "LeafMetadata": "ocdbt_py.checkpoint.meta",
     "CheckpointInfo": "ocdbt_py.checkpoint.meta",
-    # the bridges live above checkpoint/ (ocdbt_py.bridges); reached here by name only
-    "export_safetensors": "ocdbt_py.bridges.safetensors_export",
-    "import_safetensors": "ocdbt_py.bridges.safetensors_import",
-    "to_dask": "ocdbt_py.bridges.dask_arrays",
-    "to_torch": "ocdbt_py.bridges.torch_tensors",
     "export_npz": "ocdbt_py.checkpoint.export",
     "LazyArray": "ocdbt_py.checkpoint.restore.reader",
     "UncommittedStepWarning": "ocdbt_py.checkpoint.layout",

@@ -120,7 +120,8 @@ def _written_files(args: argparse.Namespace, fmt: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Write the file(s)."""
     # the checkpoint engine loads when the command runs, so `ocdbt --help` stays quick
-    from ocdbt_py.checkpoint import UncommittedStepWarning, export_npz, export_safetensors
+    from ocdbt_py.bridges import export_safetensors
+    from ocdbt_py.checkpoint import UncommittedStepWarning, export_npz
 
     fmt = _format(args)
     name_map = name_map_arg(args.map)

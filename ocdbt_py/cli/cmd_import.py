@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def run(args: argparse.Namespace) -> int:
     """Write the checkpoint."""
     # the checkpoint engine loads when the command runs, so `ocdbt --help` stays quick
-    from ocdbt_py.checkpoint import import_safetensors
+    from ocdbt_py.bridges import import_safetensors
 
     chunk: int | None = None
     if args.chunk_byte_size is not None:

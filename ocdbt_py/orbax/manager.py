@@ -27,9 +27,9 @@ from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.local import key_below, open_dir_beneath
 from ocdbt_py.kvstore.prefixed import PrefixStore
 from ocdbt_py.orbax import args as args_lib
+from ocdbt_py.orbax import preservation as pp
+from ocdbt_py.orbax import save_decision as sdp
 from ocdbt_py.orbax import utils
-from ocdbt_py.orbax.checkpoint_managers import preservation_policy as pp
-from ocdbt_py.orbax.checkpoint_managers import save_decision_policy as sdp
 from ocdbt_py.orbax.handlers import CheckpointHandler, CompositeCheckpointHandler
 from ocdbt_py.orbax.metadata import (
     RootMetadata,

@@ -1,6 +1,8 @@
 """The structure ``spec/architecture.md`` describes, checked on the source.
 
-Layers point one way, there are no import cycles (function-level imports included), the pure
+Layers point one way and there are no import cycles, counting every kind of import
+(top-level, in a function, under ``TYPE_CHECKING``, import strings, packages loaded on the way:
+``imports.py``), the pure
 codecs import nothing but themselves and the errors, nothing outside ``cli/`` imports ``cli/``,
 no layer above ``kvstore/`` tests for concrete store types, ``checkpoint/`` keeps few loose
 modules and no function grows past 100 lines.
@@ -68,6 +70,44 @@ def test_every_module_has_a_layer() -> None:
 
 def test_no_import_cycles() -> None:
     assert imports.cycles(EDGES) == []
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def test_the_graph_sees_every_kind_of_import(tmp_path: Path) -> None:
+    """The two cycles issue 28 found, rebuilt in miniature: a facade naming a layer above it
+    by import strings and ``TYPE_CHECKING``, and a package whose lazy ``__getattr__`` imports
+    the module that imports the package's submodule."""
+    _write(tmp_path, {
+        "pk/__init__.py": "",
+        "pk/low/__init__.py": (
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from pk.high.tool import run\n"
+            "_WHERE = {'run': 'pk.high.tool'}\n"),
+        "pk/high/__init__.py": "",
+        "pk/high/tool.py": "from pk.low import thing\n",
+        "pk/low/thing.py": "X = 1\n",
+        "pk/app/__init__.py": "",
+        "pk/app/names/__init__.py": (
+            "from pk.app.names import policy\n"
+            "def __getattr__(name):\n    from pk.app import manager\n    return manager.M\n"),
+        "pk/app/names/policy.py": "P = 1\n",
+        "pk/app/manager.py": "from pk.app.names import policy\nM = policy.P\n",
+    })
+    got = imports.edges(tmp_path, ("pk",))
+    kinds = {(e.source, e.target): e.kind for e in got}
+    assert kinds[("pk.low", "pk.high.tool")] in ("type_checking", "string")
+    assert {e.kind for e in got if e.source == "pk.low"} == {"type_checking", "string"}
+    assert kinds[("pk.high.tool", "pk.low")] == "package"
+    assert kinds[("pk.app.names", "pk.app.manager")] == "function"
+    assert kinds[("pk.app.manager", "pk.app.names")] == "package"
+    assert ("pk.app.names", "pk.app.names.policy") in kinds  # its own submodule: no edge to itself
+    assert imports.cycles(got) == [["pk.app.manager", "pk.app.names"],
+                                   ["pk.high.tool", "pk.low"]]
 
 
 def test_layers_point_one_way() -> None:

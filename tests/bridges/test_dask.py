@@ -1,4 +1,4 @@
-"""``checkpoint.to_dask`` and ``zarr3.Array.to_dask`` computed on a dask.distributed LocalCluster of
+"""``bridges.to_dask`` and ``zarr3.Array.to_dask`` computed on a dask.distributed LocalCluster of
 two worker processes (tasks carry URLs and options; each worker opens the checkpoint itself)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import zarr3
-from ocdbt_py import checkpoint
+from ocdbt_py import bridges, checkpoint
 from zarr3.engine.dask_blocks import merged_chunks
 
 da = pytest.importorskip("dask.array")
@@ -58,7 +58,7 @@ def test_to_dask_reductions_on_workers(tmp_path: Path, client: Any) -> None:
     checkpoint.save(root / "10", tree, chunk_byte_size=16 * 40 * 4)
     checkpoint.save(root / "20", {**tree, "params": {**tree["params"], "w": tree["params"]["w"] * 2}},
                     chunk_byte_size=16 * 40 * 4)
-    t = checkpoint.to_dask(root, block_bytes=32 * 40 * 4)  # latest step: 20
+    t = bridges.to_dask(root, block_bytes=32 * 40 * 4)  # latest step: 20
     w = t["params"]["w"]
     assert isinstance(w, da.Array) and w.chunks == ((32, 32, 32), (40,))
     assert t["lr"] == 0.5 and t["name"] == "run1"
@@ -68,7 +68,7 @@ def test_to_dask_reductions_on_workers(tmp_path: Path, client: Any) -> None:
     np.testing.assert_allclose(e32.sum(axis=0).compute(), tree["params"]["e"].astype(np.float32).sum(axis=0),
                                rtol=1e-5)
     np.testing.assert_array_equal(t["params"]["i"][100:900:7].compute(), tree["params"]["i"][100:900:7])
-    old = checkpoint.to_dask(root, step=10)
+    old = bridges.to_dask(root, step=10)
     np.testing.assert_array_equal(old["params"]["w"].compute(), tree["params"]["w"])
     # the work ran in the worker processes, which opened the checkpoint themselves
     pids = client.run(lambda: __import__("os").getpid())
@@ -81,7 +81,7 @@ def test_only_computed_blocks_are_read(tmp_path: Path) -> None:
 
     tree = _tree()
     checkpoint.save(tmp_path / "c", tree, chunk_byte_size=16 * 40 * 4)
-    w = checkpoint.to_dask(tmp_path / "c")["params"]["w"]
+    w = bridges.to_dask(tmp_path / "c")["params"]["w"]
     from ocdbt_py.checkpoint.restore.reader import ArrayReader
 
     reads: list[Any] = []
@@ -94,7 +94,7 @@ def test_only_computed_blocks_are_read(tmp_path: Path) -> None:
     ArrayReader.read = spy  # type: ignore[method-assign]
     try:
         with dask.config.set(scheduler="synchronous"):
-            w = checkpoint.to_dask(tmp_path / "c", block_bytes=16 * 40 * 4)["params"]["w"]
+            w = bridges.to_dask(tmp_path / "c", block_bytes=16 * 40 * 4)["params"]["w"]
             got = w[20:30].compute()
     finally:
         ArrayReader.read = orig  # type: ignore[method-assign]
@@ -109,7 +109,7 @@ def test_conversion_runs_on_workers(tmp_path: Path, client: Any) -> None:
     .npy files by the worker that read it (dask's to_npy_stack), then checked."""
     tree = _tree()
     checkpoint.save(tmp_path / "c", tree, chunk_byte_size=16 * 40 * 4)
-    t = checkpoint.to_dask(tmp_path / "c", block_bytes=16 * 40 * 4)
+    t = bridges.to_dask(tmp_path / "c", block_bytes=16 * 40 * 4)
     before = client.run(lambda: __import__("ocdbt_py.bridges.dask_arrays", fromlist=["x"])._open.cache_info().hits)
     for name in ("w", "e", "i"):
         da.to_npy_stack(str(tmp_path / f"{name}_f32"), t["params"][name].astype(np.float32), axis=0)

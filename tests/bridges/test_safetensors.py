@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ocdbt_py import checkpoint
+from ocdbt_py import bridges, checkpoint
 from ocdbt_py.bridges.namemap import NameMap, load_name_map
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.units import parse_size
@@ -104,7 +104,7 @@ def test_parse_size() -> None:
 
 def test_sharded_export_matches_hf_layout(ckpt: Path, tmp_path: Path) -> None:
     out = tmp_path / "hf"
-    names = checkpoint.export_safetensors(ckpt, out, max_shard_size="4KB")
+    names = bridges.export_safetensors(ckpt, out, max_shard_size="4KB")
     index = json.loads((out / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 2 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
@@ -126,7 +126,7 @@ def test_sharded_export_matches_hf_layout(ckpt: Path, tmp_path: Path) -> None:
 
 def test_one_file_when_it_fits(ckpt: Path, tmp_path: Path) -> None:
     out = tmp_path / "hf"
-    checkpoint.export_safetensors(ckpt, out, max_shard_size="5GB")
+    bridges.export_safetensors(ckpt, out, max_shard_size="5GB")
     assert os.listdir(out) == ["model.safetensors"]
     got = _load_dir(out)
     for n, a in _flat(_tree()).items():
@@ -139,7 +139,7 @@ def test_transpose_and_map_file(ckpt: Path, tmp_path: Path) -> None:
                              "transpose": ["*.kernel"]}))
     nm = load_name_map(m)
     out = tmp_path / "t.safetensors"
-    checkpoint.export_safetensors(ckpt, out, rename=nm, transpose=nm.transpose)
+    bridges.export_safetensors(ckpt, out, rename=nm, transpose=nm.transpose)
     got = st_numpy.load_file(str(out))
     src = _flat(_tree())
     assert "model.steps" not in got and "params.steps" not in got
@@ -154,7 +154,7 @@ def test_transpose_streams_in_column_slabs(tmp_path: Path, monkeypatch: pytest.M
     a = np.arange(64 * 40, dtype=np.float32).reshape(64, 40)
     checkpoint.save(tmp_path / "c", {"w": a, "v": np.arange(5.0)}, chunk_byte_size=64 * 8 * 4)
     monkeypatch.setattr(export_mod, "SLAB_BYTES", 64 * 4 * 3)
-    checkpoint.export_safetensors(tmp_path / "c", tmp_path / "t.safetensors", transpose=["w"])
+    bridges.export_safetensors(tmp_path / "c", tmp_path / "t.safetensors", transpose=["w"])
     got = st_numpy.load_file(str(tmp_path / "t.safetensors"))
     _same(got["w"], np.ascontiguousarray(a.T))
 
@@ -208,7 +208,7 @@ def test_import_restores_exactly(tmp_path: Path, form: str) -> None:
         d = _hf_dir(tmp_path, tensors, [names[:2], names[2:4], names[4:]])
         src = d if form == "dir" else d / "model.safetensors.index.json"
     dst = tmp_path / "ckpt"
-    written = checkpoint.import_safetensors(str(src), dst)
+    written = bridges.import_safetensors(str(src), dst)
     assert sorted(written) == names
     back = _flat(checkpoint.restore(dst))
     assert sorted(back) == names
@@ -222,7 +222,7 @@ def test_import_zarr3_chunked_and_map(tmp_path: Path) -> None:
     st_numpy.save_file(tensors, str(tmp_path / "src" / "m.safetensors"))
     nm = NameMap.from_data([["^model\\.", "net."], ["^scalar$", None]])
     dst = tmp_path / "ckpt"
-    checkpoint.import_safetensors(str(tmp_path / "src" / "m.safetensors"), dst, rename=nm, use_zarr3=True,
+    bridges.import_safetensors(str(tmp_path / "src" / "m.safetensors"), dst, rename=nm, use_zarr3=True,
                                   chunk_byte_size=512)
     md = checkpoint.metadata(dst)
     assert "scalar" not in md
@@ -239,7 +239,7 @@ def test_orbax_restores_import(tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     st_numpy.save_file(tensors, str(tmp_path / "src" / "model.safetensors"))
     dst = tmp_path / "ckpt"
-    checkpoint.import_safetensors(str(tmp_path / "src"), dst)
+    bridges.import_safetensors(str(tmp_path / "src"), dst)
     with ocp.PyTreeCheckpointer() as c:
         back = _flat(c.restore(dst))
     for n, a in tensors.items():
@@ -247,8 +247,8 @@ def test_orbax_restores_import(tmp_path: Path) -> None:
 
 
 def test_round_trip_through_hf(ckpt: Path, tmp_path: Path) -> None:
-    checkpoint.export_safetensors(ckpt, tmp_path / "hf", max_shard_size="3KB")
-    checkpoint.import_safetensors(str(tmp_path / "hf"), tmp_path / "again")
+    bridges.export_safetensors(ckpt, tmp_path / "hf", max_shard_size="3KB")
+    bridges.import_safetensors(str(tmp_path / "hf"), tmp_path / "again")
     a, b = _flat(checkpoint.restore(ckpt)), _flat(checkpoint.restore(tmp_path / "again"))
     assert sorted(a) == sorted(b)
     for n in a:
@@ -276,7 +276,7 @@ def test_hostile_headers_are_corruption(tmp_path: Path, raw: bytes) -> None:
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "bad.safetensors").write_bytes(raw)
     with pytest.raises(CorruptionError):
-        checkpoint.import_safetensors(str(tmp_path / "src" / "bad.safetensors"), tmp_path / "ckpt")
+        bridges.import_safetensors(str(tmp_path / "src" / "bad.safetensors"), tmp_path / "ckpt")
     assert not (tmp_path / "ckpt").exists()
 
 
@@ -284,12 +284,12 @@ def test_index_cannot_point_outside(tmp_path: Path) -> None:
     d = _hf_dir(tmp_path, {"a": np.zeros(2, np.float32)}, [["a"]])
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../secret.safetensors"}}))
     with pytest.raises(CorruptionError, match="plain file name"):
-        checkpoint.import_safetensors(str(d), tmp_path / "ckpt")
+        bridges.import_safetensors(str(d), tmp_path / "ckpt")
 
 
 _RSS_SCRIPT = r"""
 import json, os, sys, threading, numpy as np
-from ocdbt_py import checkpoint
+from ocdbt_py import bridges, checkpoint
 import ocdbt_py.bridges.safetensors_import, ocdbt_py.bridges.safetensors_export
 mode, src, dst = sys.argv[1:4]
 
@@ -306,9 +306,9 @@ def sample():
 t = threading.Thread(target=sample, daemon=True)
 t.start()
 if mode == "import":
-    checkpoint.import_safetensors(src, dst)
+    bridges.import_safetensors(src, dst)
 else:
-    checkpoint.export_safetensors(src, dst, max_shard_size="40MB")
+    bridges.export_safetensors(src, dst, max_shard_size="40MB")
 stop.set(); t.join()
 print(json.dumps({"base": base, "peak": max(peak[0], rss())}))
 """
@@ -353,10 +353,10 @@ def test_export_and_import_over_s3(tmp_path: Path, s3_server: Any) -> None:  # n
     opts = s3_server.storage_options()
     tree = _tree()
     checkpoint.save("s3://stbucket/ckpt", tree, storage_options=opts)
-    checkpoint.export_safetensors("s3://stbucket/ckpt", tmp_path / "hf", max_shard_size="3KB", storage_options=opts)
+    bridges.export_safetensors("s3://stbucket/ckpt", tmp_path / "hf", max_shard_size="3KB", storage_options=opts)
     fs = fsspec.filesystem("s3", **opts)
     fs.put(str(tmp_path / "hf") + "/", "stbucket/hf/", recursive=True)
-    checkpoint.import_safetensors("s3://stbucket/hf", "s3://stbucket/back", storage_options=opts,
+    bridges.import_safetensors("s3://stbucket/hf", "s3://stbucket/back", storage_options=opts,
                                   dst_storage_options=opts)
     back = _flat(checkpoint.restore("s3://stbucket/back", storage_options=opts))
     for n, a in _flat(tree).items():

@@ -32,7 +32,7 @@ def main() -> int:
     import numpy as np
     from _expected import compare, load_expected
 
-    from ocdbt_py import checkpoint
+    from ocdbt_py import bridges, checkpoint
 
     try:
         import jax  # noqa: F401
@@ -68,7 +68,7 @@ def main() -> int:
         errs += compare(expected, mat(lazy))
         results[name] = errs
     out = root.parent / "no_jax_export.safetensors"
-    names = checkpoint.export_safetensors(root / info["cases"]["chunked_zarr2"]["path"], out)
+    names = bridges.export_safetensors(root / info["cases"]["chunked_zarr2"]["path"], out)
     leaked = [m for m in sys.modules if m.split(".")[0] in BLOCKED]
     print(json.dumps({"results": results, "exported": names, "leaked": leaked}))
     return 0

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ocdbt_py import checkpoint
+from ocdbt_py import bridges, checkpoint
 from ocdbt_py.checkpoint import export as export_mod
 from ocdbt_py.errors import UnsupportedError
 from tests.checkpoint.conftest import Corpus
@@ -56,7 +56,7 @@ def test_safetensors_of_every_dtype(orbax_corpus: Corpus, tmp_path: Path) -> Non
     tree = checkpoint.restore(src)
     out = tmp_path / "model.safetensors"
     # int4 has no safetensors code: leave it out by renaming it to None
-    names = checkpoint.export_safetensors(src, out, rename=lambda n: None if n == "params.i4" else n)
+    names = bridges.export_safetensors(src, out, rename=lambda n: None if n == "params.i4" else n)
     got, meta = _st_load(out)
     flat = _flat(tree)
     md = _flat(checkpoint.metadata(src))
@@ -78,7 +78,7 @@ def test_safetensors_of_every_dtype(orbax_corpus: Corpus, tmp_path: Path) -> Non
 def test_safetensors_cast_and_rename(orbax_corpus: Corpus, tmp_path: Path) -> None:
     src = orbax_corpus.path("chunked_zarr2")
     out = tmp_path / "cast.safetensors"
-    names = checkpoint.export_safetensors(src, out, dtype="bfloat16", rename={"big": "model.w", "tiny": None})
+    names = bridges.export_safetensors(src, out, dtype="bfloat16", rename={"big": "model.w", "tiny": None})
     assert sorted(names) == ["model.w", "rep"]
     got, _ = _st_load(out)
     full = checkpoint.restore(src)
@@ -87,7 +87,7 @@ def test_safetensors_cast_and_rename(orbax_corpus: Corpus, tmp_path: Path) -> No
     from safetensors.numpy import load_file
 
     f32 = tmp_path / "f32.safetensors"
-    checkpoint.export_safetensors(src, f32)
+    bridges.export_safetensors(src, f32)
     loaded = load_file(str(f32))  # a file of standard dtypes loads with the stock loader
     np.testing.assert_array_equal(loaded["big"], full["big"])
 
@@ -108,7 +108,7 @@ def test_safetensors_streams_in_slabs(orbax_corpus: Corpus, tmp_path: Path, monk
 
     monkeypatch.setattr(ArrayReader, "read_rows", spy)
     out = tmp_path / "slabs.safetensors"
-    checkpoint.export_safetensors(src, out)
+    bridges.export_safetensors(src, out)
     big_reads = [n for p, n in reads if p == "big"]
     md = checkpoint.metadata(src)["big"]
     band = md.chunks[0] * md.shape[1] * 4  # one row of chunks: never split (each chunk decoded once)
@@ -122,17 +122,17 @@ def test_safetensors_streams_in_slabs(orbax_corpus: Corpus, tmp_path: Path, monk
 def test_safetensors_step_dir_prefixes_item_names(orbax_corpus: Corpus, tmp_path: Path) -> None:
     step = orbax_corpus.path("manager") / orbax_corpus.cases["manager"]["step_dir"]
     buf = io.BytesIO()
-    names = checkpoint.export_safetensors(step, buf)
+    names = bridges.export_safetensors(step, buf)
     assert "params.w" in names and "opt_state.mu.w" in names and "opt_state.count" in names
     got, _ = _st_load(buf.getvalue())
     assert got["opt_state.count"].shape == ()
-    only = checkpoint.export_safetensors(step, tmp_path / "p.safetensors", item="params")
+    only = bridges.export_safetensors(step, tmp_path / "p.safetensors", item="params")
     assert sorted(only) == ["b", "w"]
 
 
 def test_safetensors_refuses_unsupported_dtype(orbax_corpus: Corpus, tmp_path: Path) -> None:
     with pytest.raises(UnsupportedError, match="int4"):
-        checkpoint.export_safetensors(orbax_corpus.path("pytree_zarr3_ocdbt"), tmp_path / "x.safetensors")
+        bridges.export_safetensors(orbax_corpus.path("pytree_zarr3_ocdbt"), tmp_path / "x.safetensors")
 
 
 def test_npz(orbax_corpus: Corpus, tmp_path: Path) -> None:
@@ -161,7 +161,7 @@ def test_npz(orbax_corpus: Corpus, tmp_path: Path) -> None:
 
 def test_export_duplicate_names_rejected(orbax_corpus: Corpus, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="two tensors"), warnings.catch_warnings():
-        checkpoint.export_safetensors(orbax_corpus.path("chunked_zarr2"), tmp_path / "d.safetensors",
+        bridges.export_safetensors(orbax_corpus.path("chunked_zarr2"), tmp_path / "d.safetensors",
                                       rename=lambda n: "same")
 
 
@@ -170,7 +170,7 @@ def test_slabs_follow_shards_with_smaller_inner_chunks(tmp_path: Path, monkeypat
     monkeypatch.setattr(export_mod, "SLAB_BYTES", 64)
     src = Path(__file__).resolve().parents[2] / "conformance/fixtures/checkpoint/orbax-0.5.10/ckpt/pytree_zarr3"
     out = tmp_path / "o5.safetensors"
-    checkpoint.export_safetensors(src, out)
+    bridges.export_safetensors(src, out)
     got, _ = _st_load(out)
     np.testing.assert_array_equal(got["params.kernel"], np.arange(32, dtype=np.float32).reshape(4, 8) / 4)
     np.testing.assert_array_equal(got["counts"], np.arange(8, dtype=np.int32))

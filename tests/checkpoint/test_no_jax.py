@@ -27,7 +27,8 @@ def test_import_does_not_pull_in_jax() -> None:
     """Even where JAX is installed, importing and using the reader does not import it."""
     code = (
         "import sys, ocdbt_py.checkpoint as c\n"
-        "from ocdbt_py.checkpoint import restore, metadata, export_safetensors, LazyArray\n"
+        "from ocdbt_py.checkpoint import restore, metadata, LazyArray\n"
+        "from ocdbt_py.bridges import export_safetensors\n"
         "import ocdbt_py.checkpoint.restore.api, ocdbt_py.checkpoint.meta, ocdbt_py.checkpoint.export\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'tensorstore', 'orbax')]\n"
         "assert not bad, bad\n"

@@ -1,12 +1,12 @@
 """``ocp.checkpoint_managers``: save decision and preservation policies, and the manager.
 
 Every name is importable from here, as from Orbax's module of the same name, and from the
-``save_decision_policy`` / ``preservation_policy`` submodules.
+``save_decision_policy`` / ``preservation_policy`` submodules.  This package only gathers names:
+the policies are defined in :mod:`ocdbt_py.orbax.save_decision` / :mod:`ocdbt_py.orbax.preservation`
+and the manager, which uses them, in :mod:`ocdbt_py.orbax.manager`, both below it.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
 
 from ocdbt_py.orbax.checkpoint_managers import preservation_policy, save_decision_policy
 from ocdbt_py.orbax.checkpoint_managers.preservation_policy import (
@@ -33,11 +33,9 @@ from ocdbt_py.orbax.checkpoint_managers.save_decision_policy import (
     SaveDecisionPolicy,
     SpecificStepsPolicy,
 )
+from ocdbt_py.orbax.manager import CheckpointManager, CheckpointManagerOptions
 
-if TYPE_CHECKING:
-    from ocdbt_py.orbax.manager import CheckpointManager, CheckpointManagerOptions
-
-    AbstractCheckpointManager = CheckpointManager
+AbstractCheckpointManager = CheckpointManager
 
 __all__ = [
     "preservation_policy",
@@ -67,11 +65,3 @@ __all__ = [
     "AbstractCheckpointManager",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    # the manager imports this package's policies: bind its names on first use, not at import
-    if name in ("CheckpointManager", "CheckpointManagerOptions", "AbstractCheckpointManager"):
-        from ocdbt_py.orbax import manager  # the manager imports this package
-
-        return manager.CheckpointManager if name == "AbstractCheckpointManager" else getattr(manager, name)
-    raise AttributeError(f"module 'ocdbt_py.orbax.checkpoint_managers' has no attribute {name!r}")
