@@ -1,0 +1,66 @@
+"""pytest plugin of the Orbax test-suite runner (loaded in its subprocesses with ``-p``).
+
+Marks absl flags parsed (as Orbax's own conftest does), installs the drop-in import layer when
+``OCDBT_SUITE_MODE=dropin``, and writes one JSON record per test to ``OCDBT_SUITE_RESULTS``:
+outcome, the tail of the failure, the Orbax internal named by a ``ForeignOrbaxObjectError``
+(``ocdbt_py.orbax`` refusing an object of Orbax's own), and the non-public Orbax names the test
+took through the drop-in layer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import _dropin
+
+_records: dict[str, dict[str, Any]] = {}
+_collect_errors: list[dict[str, str]] = []
+_FOREIGN = re.compile(r"ForeignOrbaxObjectError: .*?\[orbax-internal: ([\w.]+)\]")
+
+
+def pytest_configure(config: Any) -> None:
+    """absl flags parsed; the drop-in layer installed in drop-in mode."""
+    from absl import flags  # Orbax's tests read absl flags
+
+    flags.FLAGS.mark_as_parsed()
+    if os.environ.get("OCDBT_SUITE_MODE") == "dropin":
+        _dropin.install()
+
+
+def pytest_runtest_setup(item: Any) -> None:
+    """Start recording the internals this test takes."""
+    _dropin.INTERNALS_USED.clear()
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    """Fold the setup/call/teardown reports of a test into one record."""
+    rec = _records.setdefault(report.nodeid, {"outcome": "passed", "error": "", "internal": None, "uses": []})
+    if report.failed and rec["outcome"] != "failed":
+        rec["outcome"] = "failed"
+        text = report.longreprtext or ""
+        m = _FOREIGN.search(text)
+        if m:
+            rec["internal"] = m.group(1)
+        lines = [ln for ln in text.splitlines() if ln.startswith("E ")]
+        rec["error"] = "\n".join(lines[-6:])[-1500:] or text[-1500:]
+    elif report.skipped and rec["outcome"] == "passed":
+        rec["outcome"] = "skipped"
+    if report.when == "teardown":
+        rec["uses"] = sorted(_dropin.INTERNALS_USED)
+
+
+def pytest_collectreport(report: Any) -> None:
+    """Record a file that could not be collected."""
+    if report.failed:
+        _collect_errors.append({"nodeid": report.nodeid, "error": (report.longreprtext or "")[-3000:]})
+
+
+def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
+    """Write the records."""
+    out = os.environ.get("OCDBT_SUITE_RESULTS")
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump({"tests": _records, "collect_errors": _collect_errors}, f, indent=1)

@@ -1,0 +1,267 @@
+"""Orbax's own public-API tests as ocdbt_py.orbax's acceptance tests.
+
+Copies Orbax's test files from a local Orbax source (never fetched here: ``OCDBT_ORBAX_SRC``
+names a checkout, its ``checkpoint/orbax/checkpoint`` directory, or a git directory; else
+``~/.cache/ocdbt-py/orbax-src`` or a copy extracted earlier from a git directory,
+``~/.cache/ocdbt-py/orbax-src-<commit>``) into a temporary directory and runs each file twice under
+pytest, in subprocesses (JAX on 8 CPU devices):
+
+* ``baseline``: as written, against the installed orbax-checkpoint;
+* ``dropin``: ``orbax.checkpoint`` imports rewritten to ``_ocdbt_dropin`` (``_dropin.py``), so
+  the public modules are ``ocdbt_py.orbax``'s while ``test_utils`` and the ``_src`` internals
+  stay Orbax's.
+
+A test is *counted* when it passes on the baseline and, on the drop-in, is not refused for
+handing ``ocdbt_py.orbax`` an object of Orbax's own internals (``ForeignOrbaxObjectError``:
+out of the count, listed with the internal it needs).
+
+    python conformance/orbax_suite/suite.py [--files NAME ...] [--fast] [--json OUT] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+CACHE = Path(os.path.expanduser("~/.cache/ocdbt-py/orbax-src"))
+SUBDIR = "checkpoint/orbax/checkpoint"
+
+# test file (relative to orbax/checkpoint/) -> the name it gets in the work directory
+FILES: dict[str, str] = {
+    "checkpoint_manager_options_test.py": "checkpoint_manager_options_test.py",
+    "_src/composite_test.py": "composite_test.py",
+    "_src/checkpoint_managers/preservation_policy_test.py": "preservation_policy_test.py",
+    "checkpoint_args_test.py": "checkpoint_args_test.py",
+    "checkpoint_utils_test.py": "checkpoint_utils_test.py",
+    "_src/handlers/json_checkpoint_handler_test.py": "json_checkpoint_handler_test.py",
+    "_src/handlers/composite_checkpoint_handler_test.py": "composite_checkpoint_handler_test.py",
+    "_src/handlers/standard_checkpoint_handler_test.py": "standard_checkpoint_handler_test.py",
+    "_src/checkpointers/checkpointer_test.py": "checkpointer_test.py",
+    "_src/checkpointers/async_checkpointer_test.py": "async_checkpointer_test.py",
+    "_src/handlers/pytree_checkpoint_handler_test.py": "pytree_checkpoint_handler_test.py",
+    "checkpoint_manager_test.py": "checkpoint_manager_test.py",
+    "experimental/emergency/checkpoint_manager_test.py": "emergency_checkpoint_manager_test.py",
+    "experimental/emergency/single_slice_checkpoint_manager_test.py": "single_slice_checkpoint_manager_test.py",
+}
+# helper modules the test files import; copied (and rewritten) next to them
+HELPERS = {
+    "_src/checkpointers/checkpointer_test_utils.py": "checkpointer_test_utils.py",
+    "_src/handlers/standard_checkpoint_handler_test_utils.py": "standard_checkpoint_handler_test_utils.py",
+}
+# what `make test` runs by default: small files that still cross the manager and handlers
+FAST = ["checkpoint_manager_options_test.py", "composite_test.py", "preservation_policy_test.py",
+        "json_checkpoint_handler_test.py"]
+
+_FROM = re.compile(r"^(\s*)from (orbax\.checkpoint(?:\.[\w.]+)?) import (\w+)(\s+as\s+\w+)?\s*(#.*)?$")
+_IMPORT = re.compile(r"^(\s*)import (orbax\.checkpoint(?:\.[\w.]+)?)(\s+as\s+\w+)\s*(#.*)?$")
+
+
+def _checkout_dir(p: Path) -> Path | None:
+    for cand in (p / SUBDIR, p / "orbax/checkpoint", p):
+        if (cand / "checkpoint_manager_test.py").is_file():
+            return cand
+    return None
+
+
+def find_source() -> Path | None:
+    """Orbax's ``orbax/checkpoint`` source directory, or ``None`` when there is none locally.
+
+    ``OCDBT_ORBAX_SRC`` may name a git directory (a bare mirror): its ``HEAD``'s files are
+    extracted once into the cache directory.
+    """
+    env = os.environ.get("OCDBT_ORBAX_SRC")
+    if env:
+        p = Path(env).expanduser()
+        found = _checkout_dir(p)
+        if found is not None:
+            return found
+        if (p / "HEAD").is_file() and (p / "objects").is_dir():
+            return _extract_git(p)
+        return None
+    for cand in [CACHE, *sorted(CACHE.parent.glob("orbax-src-*"))] if CACHE.parent.is_dir() else [CACHE]:
+        found = _checkout_dir(cand)
+        if found is not None:
+            return found
+    return None
+
+
+def _extract_git(git_dir: Path) -> Path | None:
+    rev = subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "HEAD"], capture_output=True,
+                         text=True, check=False).stdout.strip()
+    if not rev:
+        return None
+    dest = CACHE.parent / f"orbax-src-{rev[:12]}"
+    if _checkout_dir(dest) is None:
+        tmp = Path(tempfile.mkdtemp(prefix="orbax-src-", dir=CACHE.parent if CACHE.parent.exists() else None))
+        archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", "HEAD", SUBDIR],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not dest.exists():
+            tmp.rename(dest)
+    return _checkout_dir(dest)
+
+
+def rewrite(text: str, mode: str) -> str:
+    """A test file's source with its helper imports local and, in ``dropin`` mode, its
+    ``orbax.checkpoint`` imports going through ``_ocdbt_dropin`` (``test_utils`` excepted)."""
+    helpers = {Path(n).stem for n in HELPERS.values()}
+    out = []
+    for line in text.splitlines():
+        m = _FROM.match(line)
+        if m and m.group(3) in helpers:
+            line = f"{m.group(1)}import {m.group(3)}{m.group(4) or ''}"
+        elif mode == "dropin" and m and "test_utils" not in m.group(2) and m.group(3) != "test_utils":
+            line = f"{m.group(1)}from {m.group(2).replace('orbax.checkpoint', '_ocdbt_dropin', 1)} import " \
+                   f"{m.group(3)}{m.group(4) or ''}"
+        else:
+            mi = _IMPORT.match(line)
+            if mode == "dropin" and mi and "test_utils" not in mi.group(2):
+                line = f"{mi.group(1)}import {mi.group(2).replace('orbax.checkpoint', '_ocdbt_dropin', 1)}" \
+                       f"{mi.group(3)}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def prepare(src: Path, work: Path, mode: str) -> None:
+    """Copy (and rewrite) every test file and helper of :data:`FILES` into ``work``."""
+    work.mkdir(parents=True, exist_ok=True)
+    for rel, name in {**FILES, **HELPERS}.items():
+        if (src / rel).is_file():
+            (work / name).write_text(rewrite((src / rel).read_text(encoding="utf-8"), mode), encoding="utf-8")
+    (work / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n", encoding="utf-8")
+
+
+def run_file(work: Path, mode: str, name: str, timeout: float = 3600, per_test: int = 300) -> dict[str, Any]:
+    """Run one copied test file; its records (``tests``, ``collect_errors``) and ``seconds``."""
+    out = work / f"{name}.{mode}.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(work), str(HERE), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["OCDBT_SUITE_MODE"] = mode
+    env["OCDBT_SUITE_RESULTS"] = str(out)
+    env["JAX_PLATFORMS"] = "cpu"
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    started = time.monotonic()
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "_suite_plugin", f"--timeout={per_test}",
+           "--rootdir", str(work), str(work / name)]
+    try:
+        proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+        tail = proc.stdout[-2000:] + proc.stderr[-2000:]
+    except subprocess.TimeoutExpired:
+        tail = f"timed out after {timeout} s"
+    result: dict[str, Any] = {"tests": {}, "collect_errors": []}
+    if out.is_file():
+        result = json.loads(out.read_text(encoding="utf-8"))
+    elif not result["tests"]:
+        result["collect_errors"] = [{"nodeid": name, "error": tail}]
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def count(baseline: dict[str, Any], dropin: dict[str, Any]) -> dict[str, Any]:
+    """Per-file counts: ``collected``, ``baseline`` (passing on Orbax), ``out`` (test ->
+    internal it needs), ``counted``, ``passing`` and the failing tests with their errors."""
+    passed = [n for n, r in baseline["tests"].items() if r["outcome"] == "passed"]
+    out: dict[str, str] = {}
+    failing: dict[str, str] = {}
+    ok = 0
+    for n in passed:
+        r = dropin["tests"].get(n)
+        if r is None:
+            err = dropin["collect_errors"][0]["error"] if dropin["collect_errors"] else "not run"
+            failing[n] = "not collected: " + err.strip().splitlines()[-1][:300] if err.strip() else "not collected"
+        elif r["outcome"] == "passed":
+            ok += 1
+        elif r.get("internal"):
+            out[n] = r["internal"]
+        else:
+            failing[n] = r["error"] or r["outcome"]
+    return {"collected": len(baseline["tests"]), "baseline": len(passed), "out": out,
+            "counted": len(passed) - len(out), "passing": ok, "failing": failing,
+            "seconds": {"baseline": baseline.get("seconds"), "dropin": dropin.get("seconds")}}
+
+
+def _cached(work: Path, mode: str, name: str) -> dict[str, Any] | None:
+    out = work / f"{name}.{mode}.json"
+    if not out.is_file():
+        return None
+    result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return result
+
+
+def run(src: Path, names: list[str], work: Path | None = None, verbose: bool = False,
+        reuse_baseline: bool = False) -> dict[str, Any]:
+    """Both runs of each named file (work-directory names, see :data:`FILES`); counts by file.
+    ``reuse_baseline``: take the baseline records a previous run left in ``work``."""
+    own = work is None
+    root = Path(tempfile.mkdtemp(prefix="orbax-suite-")) if work is None else work
+    try:
+        for mode in ("baseline", "dropin"):
+            prepare(src, root / mode, mode)
+        report: dict[str, Any] = {}
+        for name in names:
+            base = (_cached(root / "baseline", "baseline", name) if reuse_baseline else None) or \
+                run_file(root / "baseline", "baseline", name)
+            drop = run_file(root / "dropin", "dropin", name)
+            report[name] = count(base, drop)
+            if verbose:
+                c = report[name]
+                print(f"{name}: collected {c['collected']} baseline {c['baseline']} out {len(c['out'])} "
+                      f"counted {c['counted']} passing {c['passing']} ({c['seconds']})", flush=True)
+        return report
+    finally:
+        if own:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The per-file table of ``conformance/README.md``."""
+    rows = ["| test file | collected | baseline (pass on Orbax) | out of count | counted | passing on drop-in |",
+            "|---|---:|---:|---:|---:|---:|"]
+    tot = [0, 0, 0, 0, 0]
+    for name, c in report.items():
+        vals = [c["collected"], c["baseline"], len(c["out"]), c["counted"], c["passing"]]
+        tot = [a + b for a, b in zip(tot, vals)]
+        rows.append(f"| `{name}` | " + " | ".join(str(v) for v in vals) + " |")
+    rows.append("| **total** | " + " | ".join(f"**{v}**" for v in tot) + " |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: run the files, print the table, optionally write the JSON report."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", nargs="*", help="work-directory names (default: all)")
+    ap.add_argument("--fast", action="store_true", help="only the fast subset make test runs")
+    ap.add_argument("--json", type=Path, help="write the full report here")
+    ap.add_argument("--work", type=Path, help="keep the work directory here")
+    ap.add_argument("--reuse-baseline", action="store_true", help="reuse the baseline records left in --work")
+    ns = ap.parse_args(argv)
+    src = find_source()
+    if src is None:
+        print("no Orbax source: set OCDBT_ORBAX_SRC (a checkout or git directory of github.com/google/orbax)",
+              file=sys.stderr)
+        return 2
+    names = ns.files or (FAST if ns.fast else list(FILES.values()))
+    started = time.monotonic()
+    report = run(src, names, ns.work, verbose=True, reuse_baseline=ns.reuse_baseline)
+    print(markdown(report))
+    print(f"total {time.monotonic() - started:.0f} s")
+    if ns.json:
+        ns.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
