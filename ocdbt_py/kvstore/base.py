@@ -216,6 +216,10 @@ class KvStore(abc.ABC):
         """A file below :meth:`local_path` was written directly, not through :meth:`set`
         (stores that :attr:`syncs_later` include it in their batch)."""
 
+    def sync_all(self) -> None:
+        """Make durable, at once, everything written so far (stores that :attr:`syncs_later`);
+        nothing to do elsewhere, where each write is durable on its own."""
+
     @property
     def supports_conditional_writes(self) -> bool:
         """Whether :meth:`get_with_generation`/:meth:`set_if` are implemented (needed to

@@ -11,14 +11,12 @@ The generation token is a hash of the value, so it changes whenever the content 
 
 from __future__ import annotations
 
-import builtins
 import hashlib
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any
 
 from ocdbt_py.errors import ConditionFailedError
-from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest
+from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.wrapper import WrapperStore
 
 __all__ = ["SingleWriterStore", "content_token"]
 
@@ -28,60 +26,20 @@ def content_token(value: bytes) -> str:
     return hashlib.blake2b(value, digest_size=16).hexdigest()
 
 
-class SingleWriterStore(KvStore):
-    """``base`` plus conditional writes that are atomic only within this process."""
+class SingleWriterStore(WrapperStore):
+    """``base`` plus conditional writes that are atomic only within this process; everything
+    else (capabilities included) is the wrapped store's."""
+
+    #: deleting goes through this store's lock, key by key
+    withheld = frozenset({"delete_prefix"})
 
     def __init__(self, base: KvStore):
-        self.base = base
-        self.read_only = base.read_only
+        super().__init__(base)
         self._lock = threading.RLock()
 
     @property
-    def url(self) -> str:
-        return self.base.url
-
-    # -- capabilities: everything but conditional writes (ours) is the wrapped store's ------
-    def local_path(self, key: str = "") -> str | None:
-        return self.base.local_path(key)
-
-    def no_follow_root(self) -> str | None:
-        return self.base.no_follow_root()
-
-    def fsspec_location(self, key: str = "") -> tuple[Any, str] | None:
-        return self.base.fsspec_location(key)
-
-    @property
-    def is_remote(self) -> bool:
-        return self.base.is_remote
-
-    @property
-    def lists_sizes(self) -> bool:
-        return self.base.lists_sizes
-
-    @property
-    def renames_atomically(self) -> bool:
-        return self.base.renames_atomically
-
-    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
-        return self.base.get(key, byte_range)
-
-    def get_many(self, requests: Sequence[ReadRequest]) -> builtins.list[bytes | None]:
-        return self.base.get_many(requests)
-
-    def size(self, key: str) -> int | None:
-        return self.base.size(key)
-
-    def list(self, prefix: str = "", *, start: str | None = None, stop: str | None = None) -> Iterator[str]:
-        return self.base.list(prefix, start=start, stop=stop)
-
-    def list_dir(self, prefix: str = "") -> tuple[builtins.list[str], builtins.list[str]]:
-        return self.base.list_dir(prefix)
-
-    def set(self, key: str, value: bytes | bytearray | memoryview) -> None:
-        self.base.set(key, value)
-
-    def set_parts(self, key: str, parts: Sequence[bytes | bytearray | memoryview]) -> None:
-        self.base.set_parts(key, parts)
+    def supports_conditional_writes(self) -> bool:
+        return True
 
     def delete(self, key: str) -> None:
         with self._lock:
@@ -102,6 +60,3 @@ class SingleWriterStore(KvStore):
                 raise ConditionFailedError(f"conditional write of {self.url}/{key} failed: it is no longer {want}")
             self.base.set(key, data)
         return content_token(data)
-
-    def close(self) -> None:
-        self.base.close()

@@ -24,6 +24,7 @@ from typing import Any
 
 from ocdbt_py.errors import StorageError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request
+from ocdbt_py.kvstore.wrapper import WrapperStore
 
 __all__ = ["FaultyStore", "InjectedFault", "ALL_OPS", "WRITE_OPS"]
 
@@ -39,7 +40,16 @@ class InjectedFault(StorageError):
     """The error a :class:`FaultyStore` raises at its chosen step."""
 
 
-class FaultyStore(KvStore):
+#: members that would read or write around the injected faults: KvStore's defaults (built on
+#: the counted primitives) instead of the wrapped store's
+_AROUND = frozenset({
+    "exists", "size", "list_sized", "list_dir", "delete_prefix", "local_path", "no_follow_root",
+    "fsspec_location", "syncs_later", "note_written", "supports_read_into", "read_into",
+    "supports_read_ahead", "read_ahead", "lists_sizes",
+})
+
+
+class FaultyStore(WrapperStore):
     """Wraps ``base``; fails at I/O step ``fail_at`` (0-based) with ``action``.
 
     ``action``: ``"raise"`` (raise :class:`InjectedFault` instead of doing the step),
@@ -48,7 +58,11 @@ class FaultyStore(KvStore):
     ``"kill"``, since conditional writes are atomic by contract).
     ``log`` records ``(operation, key)`` for every counted step,
     including the failing one.  With ``fail_at=None`` nothing fails (use it to count steps).
+    Every other capability of ``base`` is forwarded, except those that would go around the
+    counted steps (:data:`_AROUND`).
     """
+
+    withheld = _AROUND
 
     def __init__(
         self,
@@ -63,30 +77,12 @@ class FaultyStore(KvStore):
         unknown = set(ops) - ALL_OPS
         if unknown:
             raise ValueError(f"unknown operation(s) {sorted(unknown)}")
-        self.base = base
+        super().__init__(base)
         self.fail_at = fail_at
         self.action = action
         self.ops = frozenset(ops)
         self.log: list[tuple[str, str]] = []
-        self.read_only = base.read_only
         self._lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        return self.base.url
-
-    # -- capabilities: only those that do not read or write around the injected faults ------
-    @property
-    def is_remote(self) -> bool:
-        return self.base.is_remote
-
-    @property
-    def supports_conditional_writes(self) -> bool:
-        return self.base.supports_conditional_writes
-
-    @property
-    def renames_atomically(self) -> bool:
-        return self.base.renames_atomically
 
     def _step(self, op: str, key: str, value: Any = None) -> None:
         if op not in self.ops:
@@ -135,6 +131,3 @@ class FaultyStore(KvStore):
     def set_if(self, key: str, value: bytes | bytearray | memoryview, *, if_generation: str | None) -> str:
         self._step("set_if", key, value)
         return self.base.set_if(key, value, if_generation=if_generation)
-
-    def close(self) -> None:
-        self.base.close()

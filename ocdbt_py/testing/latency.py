@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request
 from ocdbt_py.kvstore.coalesce import DEFAULT_GAP, DEFAULT_MAX_SPAN, coalesced_get_many
+from ocdbt_py.kvstore.wrapper import WrapperStore
 from ocdbt_py.pools import dedicated
 
 __all__ = ["LatencyStore", "RequestStats"]
@@ -45,12 +46,24 @@ class RequestStats:
         self.by_op = {}
 
 
-class LatencyStore(KvStore):
+#: members that would read around the delay and the counters: KvStore's defaults instead
+_AROUND = frozenset({
+    "exists", "list_sized", "delete_prefix", "local_path", "no_follow_root", "fsspec_location",
+    "syncs_later", "note_written", "supports_read_into", "read_into", "supports_read_ahead",
+    "read_ahead", "lists_sizes",
+})
+
+
+class LatencyStore(WrapperStore):
     """Wrap ``base``: every request sleeps ``delay`` seconds first and is counted in ``stats``.
 
     ``coalesce`` turns on byte-range merging in :meth:`get_many` within ``gap`` bytes and up
     to ``max_span`` bytes per request; ``max_concurrency`` bounds requests in flight.
+    Every other capability of ``base`` is forwarded, except those that would go around the
+    delay (:data:`_AROUND`).
     """
+
+    withheld = _AROUND
 
     def __init__(
         self,
@@ -66,24 +79,18 @@ class LatencyStore(KvStore):
             raise ValueError("delay must be >= 0")
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
-        self.base = base
+        super().__init__(base)
         self.delay = float(delay)
         self.coalesce = coalesce
         self.gap = gap
         self.max_span = max_span
         self.max_concurrency = max_concurrency
-        self.read_only = base.read_only
         self.stats = RequestStats()
         self._lock = threading.Lock()
         self._in_flight = 0
         # depth of the longest chain among finished requests: a new request extends it
         self._finished_depth = 0
 
-    @property
-    def url(self) -> str:
-        return self.base.url
-
-    # -- capabilities: a modelled object store; nothing that would read around the delay ----
     @property
     def is_remote(self) -> bool:
         return True
@@ -231,6 +238,3 @@ class LatencyStore(KvStore):
             return self.base.set_if(key, value, if_generation=if_generation)
         finally:
             self._end(d)
-
-    def close(self) -> None:
-        self.base.close()

@@ -12,7 +12,7 @@ import pytest
 from ocdbt_py.errors import UnsupportedError
 from ocdbt_py.kvstore import KvStore, LocalStore, MemoryStore, PrefixStore, open_kvstore
 from ocdbt_py.kvstore.fsspec_store import FsspecStore
-from tests.kvstore.store_tests import SEED, ReadOnlyStoreTests, StoreTests
+from ocdbt_py.testing import SEED, ReadOnlyStoreTests, StoreTests
 
 _counter = itertools.count()
 

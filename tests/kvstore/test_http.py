@@ -12,7 +12,7 @@ pytest.importorskip("aiohttp")
 
 from ocdbt_py.errors import StorageError  # noqa: E402
 from ocdbt_py.kvstore import KvStore, open_kvstore  # noqa: E402
-from tests.kvstore.store_tests import ReadOnlyStoreTests  # noqa: E402
+from ocdbt_py.testing import ReadOnlyStoreTests  # noqa: E402
 from tests.servers.http_server import serve_directory  # noqa: E402
 
 _n = itertools.count()

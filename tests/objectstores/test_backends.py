@@ -14,7 +14,7 @@ from ocdbt_py.kvstore import KvStore, open_kvstore
 from ocdbt_py.kvstore.azure import AzureStore
 from ocdbt_py.kvstore.gcs import GcsStore
 from ocdbt_py.kvstore.s3 import S3Store
-from tests.kvstore.store_tests import ReadOnlyStoreTests, StoreTests
+from ocdbt_py.testing import ReadOnlyStoreTests, StoreTests
 from tests.objectstores import servers
 from tests.objectstores.conftest import serve_with_bucket
 

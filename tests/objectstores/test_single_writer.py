@@ -14,7 +14,7 @@ from ocdbt_py.errors import ConditionFailedError, UnsupportedError
 from ocdbt_py.kvstore import KvStore, open_kvstore
 from ocdbt_py.kvstore.gcs import GcsStore
 from ocdbt_py.kvstore.single_writer import SingleWriterStore
-from tests.kvstore.store_tests import StoreTests
+from ocdbt_py.testing import StoreTests
 from tests.objectstores import servers
 from tests.objectstores.conftest import serve_with_bucket
 

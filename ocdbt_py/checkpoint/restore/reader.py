@@ -43,6 +43,7 @@ from ocdbt_py.checkpoint.restore.storage import ArrayStore
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, normalize_request, slice_range
 from ocdbt_py.kvstore.prefixed import PrefixStore
+from ocdbt_py.kvstore.wrapper import WrapperStore
 from zarr3.array import Array
 from zarr3.engine.alloc import empty
 from zarr3.engine.executor import num_threads, run_pipeline
@@ -70,22 +71,25 @@ MAX_PREFETCH_CHUNKS = 4096
 _DATA_FILE = re.compile(r"(?:^|/)d/[^/]+$")
 
 
-class OverlayStore(KvStore):
+class OverlayStore(WrapperStore):
     """A read-only view of ``base`` in which some values were fetched in advance.
 
     ``cache`` maps keys to their value, or to ``None`` for keys known to be absent; other keys
-    are read from ``base``.
+    are read from ``base``.  Capabilities that would read around the cache (direct file or
+    buffer reads, read-ahead) or write are withheld; values come from memory (not remote).
     """
 
-    read_only = True
+    withheld = frozenset({
+        "exists", "size", "local_path", "no_follow_root", "fsspec_location", "supports_read_into",
+        "read_into", "supports_read_ahead", "read_ahead", "is_remote", "set", "set_parts", "delete",
+        "delete_prefix", "get_with_generation", "set_if", "syncs_later", "note_written",
+        "supports_conditional_writes", "close",
+    })
 
     def __init__(self, base: KvStore, cache: dict[str, bytes | None]):
-        self.base = base
+        super().__init__(base)
+        self.read_only = True
         self.cache = cache
-
-    @property
-    def url(self) -> str:
-        return self.base.url
 
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
         if key in self.cache:
@@ -107,9 +111,6 @@ class OverlayStore(KvStore):
             for i, v in zip(miss, self.base.get_many([reqs[i] for i in miss])):
                 out[i] = v
         return out
-
-    def list(self, prefix: str = "", *, start: str | None = None, stop: str | None = None) -> Iterator[str]:
-        return self.base.list(prefix, start=start, stop=stop)
 
 
 #: Parsed Zarr metadata by (file name, raw bytes): checkpoints repeat the same metadata for

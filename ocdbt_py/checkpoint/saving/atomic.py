@@ -123,7 +123,7 @@ class Destination:
 
     def sync(self) -> None:
         """Make what this process wrote durable (before a barrier or the commit)."""
-        if isinstance(self.write_kv, DeferredSyncStore):
+        if self.write_kv.syncs_later:
             self.write_kv.sync_all()
 
     def commit(self, *, sync: bool = True) -> None:

@@ -1,8 +1,9 @@
-"""Reusable behaviour tests every :class:`KvStore` backend subclasses.
+"""Reusable behaviour tests every :class:`KvStore` backend subclasses (pytest classes).
 
-A backend's test module defines a subclass of :class:`StoreTests` (writable backends) or
-:class:`ReadOnlyStoreTests` (backends that can only be read, seeded by a fixture) and
-implements ``make_store``.  Object-store backends reuse the same classes.
+A backend's test module defines a subclass of :class:`StoreTests` (writable backends:
+implement ``make_empty``) or :class:`ReadOnlyStoreTests` (backends that can only be read:
+implement ``make_store``, returning a store that holds exactly :data:`SEED`).  ocdbt-py's own
+backends run the same classes; an outside backend imports them from :mod:`ocdbt_py.testing`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from typing import ClassVar
 import pytest
 
 from ocdbt_py.errors import ConditionFailedError, InvalidKeyError, ReadOnlyError, UnsupportedError
-from ocdbt_py.kvstore import KvStore
+from ocdbt_py.kvstore import KvStore, ReadRequest
 
+__all__ = ["StoreTests", "ReadOnlyStoreTests", "SEED", "BAD_KEYS"]
+
+#: What a store under test holds (keys with nesting, an empty value, a non-ASCII key).
 SEED: dict[str, bytes] = {
     "a": b"alpha",
     "b/c": b"",
@@ -24,6 +28,7 @@ SEED: dict[str, bytes] = {
     "\u00fcnicode key": b"u",
 }
 
+#: Keys every store must refuse with InvalidKeyError.
 BAD_KEYS = ["", "/abs", "a/../b", "..", ".", "a//b", "a/", "a\x00b", "s3://bucket/x", "C:/x", "a\\b"]
 
 
@@ -34,6 +39,7 @@ class ReadOnlyStoreTests:
     expect_read_only: ClassVar[bool] = True
 
     def make_store(self, seed: dict[str, bytes]) -> KvStore:  # pragma: no cover - abstract
+        """A store of the backend under test holding exactly ``seed``."""
         raise NotImplementedError
 
     @pytest.fixture
@@ -59,7 +65,7 @@ class ReadOnlyStoreTests:
             store.get("a", (5, 2))
 
     def test_get_many(self, store: KvStore) -> None:
-        reqs = ["a", ("b/d/e", (3, 9)), "nope", ("z", None), ("b/c", None)] * 5
+        reqs: list[ReadRequest] = ["a", ("b/d/e", (3, 9)), "nope", ("z", None), ("b/c", None)] * 5
         got = store.get_many(reqs)
         want = [SEED["a"], SEED["b/d/e"][3:9], None, SEED["z"], b""] * 5
         assert got == want
@@ -112,6 +118,7 @@ class StoreTests(ReadOnlyStoreTests):
     supports_conditional: ClassVar[bool] = True
 
     def make_empty(self) -> KvStore:  # pragma: no cover - abstract
+        """A new, empty, writable store of the backend under test."""
         raise NotImplementedError
 
     def make_store(self, seed: dict[str, bytes]) -> KvStore:
