@@ -12,7 +12,8 @@ Every layer that runs work on threads asks here instead of making its own execut
   HTTP connections, one save's encoder threads), sized from the same table.
 
 Sizes live in :data:`SIZES`; ``OCDBT_PY_THREADS_<PURPOSE>`` (e.g. ``OCDBT_PY_THREADS_IO=32``)
-overrides one before its pool is first used.
+overrides one before its pool is first used (``ZARR3_NUM_THREADS`` is the older name of
+``OCDBT_PY_THREADS_COMPUTE``), and :func:`resize` changes one while the process runs.
 """
 
 from __future__ import annotations
@@ -25,40 +26,69 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-__all__ = ["SIZES", "size", "shared", "dedicated", "map_concurrently", "in_pool", "lower_thread_priority"]
+__all__ = ["SIZES", "size", "resize", "shared", "dedicated", "map_concurrently", "in_pool", "lower_thread_priority"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 #: Threads per purpose.  ``io``: blocking requests that mostly wait (network, disk);
-#: ``compute``: codec work that releases the GIL; ``copy``: memcpy-bound host copies;
-#: ``http``: one object store's keep-alive connections; ``save``: one save's encoders;
-#: ``fsync``: syncing the files of a commit; ``read``: regions of one restore read in parallel
-#: (each may wait on ``io`` and ``compute`` work, so it has its own pool).
+#: ``compute``: codec work that releases the GIL (the decode/encode pool of ``zarr3.engine``,
+#: which every array read and write and every checkpoint restore runs on);
+#: ``write``: storage writes of encoded chunks (each may wait on fsync or the network);
+#: ``copy``: memcpy-bound host copies; ``http``: one object store's keep-alive connections;
+#: ``save``: one save's encoders; ``fsync``: syncing the files of a commit; ``read``: regions
+#: of one restore read in parallel (each may wait on ``io`` and ``compute`` work, so it has its
+#: own pool); ``inspect``: one stats/diff/du run's chunk tasks (fetch, decode, reduce).
 SIZES: dict[str, int] = {
     "io": 16,
     "compute": max(1, os.cpu_count() or 1),
+    "write": 8,
     "copy": 4,
     "http": 16,
     "save": max(1, os.cpu_count() or 1),
     "fsync": 8,
     "read": 4,
+    "inspect": max(1, os.cpu_count() or 1),
 }
+
+#: Older environment variables still honoured for a purpose, after ``OCDBT_PY_THREADS_<PURPOSE>``.
+ENV_ALIASES: dict[str, tuple[str, ...]] = {"compute": ("ZARR3_NUM_THREADS",), "http": ("OCDBT_PY_HTTP_THREADS",)}
 
 _lock = threading.Lock()
 _pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+_resized: dict[str, int] = {}
 _local = threading.local()
 
 
-def size(purpose: str) -> int:
-    """The configured number of threads for ``purpose`` (environment override first)."""
-    env = os.environ.get(f"OCDBT_PY_THREADS_{purpose.upper()}")
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            pass
-    return SIZES[purpose]
+def size(purpose: str, default: int | None = None) -> int:
+    """The number of threads for ``purpose``: set by :func:`resize`, else the environment
+    (``OCDBT_PY_THREADS_<PURPOSE>``, then :data:`ENV_ALIASES`), else ``default`` if given
+    (an owner with its own default, e.g. an object store's request limit), else :data:`SIZES`."""
+    n = _resized.get(purpose)
+    if n is not None:
+        return n
+    for var in (f"OCDBT_PY_THREADS_{purpose.upper()}", *ENV_ALIASES.get(purpose, ())):
+        env = os.environ.get(var)
+        if env:
+            try:
+                return max(1, int(env))
+            except ValueError:
+                pass
+    return SIZES[purpose] if default is None else max(1, default)
+
+
+def resize(purpose: str, n: int) -> None:
+    """Give ``purpose`` ``n`` threads from now on (over the environment and :data:`SIZES`).
+    Its shared pool, if made, is replaced on next use; work already queued on it still runs."""
+    if n < 1:
+        raise ValueError("need at least one thread")
+    if purpose not in SIZES:
+        raise KeyError(f"unknown pool purpose {purpose!r}")
+    with _lock:
+        _resized[purpose] = int(n)
+        old = _pools.pop(purpose, None)
+    if old is not None:
+        old.shutdown(wait=False)
 
 
 def _mark(purpose: str, nice: int = 0) -> None:

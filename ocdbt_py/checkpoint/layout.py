@@ -12,9 +12,9 @@ import warnings
 from typing import Any
 
 from ocdbt_py.checkpoint.jsonio import MAX_JSON_BYTES, read_json
-from ocdbt_py.checkpoint.restore.remoteread import io_pool
 from ocdbt_py.errors import NotFoundError
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.pools import shared
 from ocdbt_py.read.version_read import manifest_read_limit
 
 __all__ = [
@@ -347,7 +347,7 @@ def _markers(kv: KvStore, names: list[str]) -> list[bool]:
     if len(names) <= 1:
         return [_step_has_marker(kv, d) for d in names]
 
-    futs = [io_pool().submit(_step_has_marker, kv, d) for d in names]
+    futs = [shared("io").submit(_step_has_marker, kv, d) for d in names]
     return [f.result() for f in futs]
 
 
@@ -357,7 +357,7 @@ def _listings(kv: KvStore, prefixes: list[str]) -> list[Listing]:
     if len(prefixes) <= 1:
         return [listing_of(kv, p) for p in prefixes]
 
-    futs = [io_pool().submit(listing_of, kv, p) for p in prefixes]
+    futs = [shared("io").submit(listing_of, kv, p) for p in prefixes]
     return [f.result() for f in futs]
 
 

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ocdbt_py import pools
 from ocdbt_py.checkpoint.dtypes import ML_DTYPE_NAMES
 from ocdbt_py.checkpoint.layout import Kind
 from ocdbt_py.checkpoint.meta import LeafMetadata, item_metadata
@@ -52,11 +53,10 @@ REMOTE_WORKERS = 8
 
 
 def default_workers(remote: bool = False) -> int:
-    """Worker threads for fetching, decoding and reducing chunks: zarr3's setting
-    (``ZARR3_NUM_THREADS`` or the CPU count), at least :data:`REMOTE_WORKERS` for remote stores."""
-    from zarr3.engine.executor import num_threads
-
-    return max(num_threads(), REMOTE_WORKERS) if remote else num_threads()
+    """Worker threads for fetching, decoding and reducing chunks: ``pools.size("inspect")``
+    (the CPU count), at least :data:`REMOTE_WORKERS` for remote stores."""
+    n = pools.size("inspect")
+    return max(n, REMOTE_WORKERS) if remote else n
 
 
 def is_float(dt: np.dtype) -> bool:
@@ -398,7 +398,7 @@ def run_chunks(tasks: Iterable[T], fn: Callable[[T], R], *, workers: int | None 
         return
     it = iter(tasks)
     w = weight or (lambda _t: 0)
-    with concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="ocdbt-inspect") as pool:
+    with pools.dedicated("inspect", n) as pool:
         pending: collections.deque[tuple[T, int, concurrent.futures.Future[R]]] = collections.deque()
         held = 0
         nxt: list[T] = []  # a task taken from ``it`` that did not fit yet

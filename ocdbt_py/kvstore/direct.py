@@ -16,10 +16,10 @@ import asyncio
 import builtins
 import concurrent.futures
 import http.client
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from ocdbt_py import pools
 from ocdbt_py.kvstore.futures import all_done
 from ocdbt_py.kvstore.object_store import ObjectStore
 from ocdbt_py.kvstore.rangeio import HttpRangeReader, HttpStatusError, TlsVerifyError, shared_reader
@@ -38,9 +38,9 @@ _PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PRO
 
 def reader_for(verify: bool | str | None) -> HttpRangeReader:
     """The shared threaded HTTP reader for a TLS setting, with as many threads (one kept-alive
-    connection each) as requests a batch read keeps in flight (``OCDBT_PY_HTTP_THREADS``)."""
-    threads = os.environ.get("OCDBT_PY_HTTP_THREADS", "")
-    return shared_reader(verify, max(1, int(threads)) if threads.isdigit() else ObjectStore.max_concurrency)
+    connection each) as requests a batch read keeps in flight: ``pools.size("http")``, by default
+    ``ObjectStore.max_concurrency`` (``OCDBT_PY_THREADS_HTTP`` or ``OCDBT_PY_HTTP_THREADS`` override it)."""
+    return shared_reader(verify, pools.size("http", default=ObjectStore.max_concurrency))
 
 
 class Fallback(Exception):

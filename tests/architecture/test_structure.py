@@ -11,6 +11,7 @@ modules and no function grows past 100 lines.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -119,6 +120,44 @@ def test_layers_point_one_way() -> None:
         if RANK[b] >= RANK[a]:
             bad.append(f"{e.source}:{e.line} imports {e.target} ({a} may not import {b})")
     assert bad == []
+
+
+def test_zarr3_needs_only_kvstore_errors_and_pools() -> None:
+    bad = [e for e in EDGES if layer(e.source) == "zarr3" and layer(e.target) != "zarr3"
+           and not e.target.startswith(("ocdbt_py.kvstore", "ocdbt_py.errors", "ocdbt_py.pools"))]
+    assert bad == []
+
+
+def test_private_modules_stay_in_their_layer() -> None:
+    """A module named ``_x`` serves its own layer; what other layers use is public
+    (``zarr3.engine`` is the restore engine checkpoint, inspect and bridges run on)."""
+    bad = [e for e in EDGES if any(p.startswith("_") for p in e.target.split("."))
+           and layer(e.source) != layer(e.target)]
+    assert bad == []
+
+
+def _builds_thread_pool(tree: ast.AST) -> list[int]:
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and ast.unparse(node.func).split(".")[-1] in ("ThreadPoolExecutor", "ProcessPoolExecutor")]
+
+
+def test_every_pool_comes_from_pools() -> None:
+    """``ThreadPoolExecutor`` is built in ``pools.py`` and at most one module of ``zarr3``; pool
+    sizes come from ``pools.SIZES`` (no thread-count environment variable read elsewhere)."""
+    builders: dict[str, list[int]] = {}
+    env_reads = []
+    for m, path in MODULES.items():
+        text = path.read_text()
+        lines = _builds_thread_pool(ast.parse(text))
+        if lines:
+            builders[m] = lines
+        names = [n.value for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Constant)
+                 and isinstance(n.value, str) and re.fullmatch(r"[A-Z0-9_]*THREADS[A-Z0-9_]*", n.value)]
+        if m != "ocdbt_py.pools" and names:
+            env_reads.append(f"{m}: {names}")
+    assert [m for m in builders if layer(m) != "zarr3"] == ["ocdbt_py.pools"]
+    assert len([m for m in builders if layer(m) == "zarr3"]) <= 1
+    assert env_reads == []
 
 
 def test_format_imports_only_itself_and_errors() -> None:

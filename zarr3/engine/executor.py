@@ -1,4 +1,4 @@
-"""The shared worker pool and the bounded fetch -> decode pipeline.
+"""The worker pools (owned by :mod:`ocdbt_py.pools`) and the bounded fetch -> decode pipeline.
 
 Chunks are fetched in batches with one concurrent :meth:`KvStore.get_many` per batch, while
 worker threads decode the previous batches (zstd, zlib, blosc and NumPy copies release the
@@ -17,10 +17,10 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from ocdbt_py import pools
 from ocdbt_py.kvstore import KvStore, validate_key
 from ocdbt_py.kvstore.base import ByteRange
 from ocdbt_py.kvstore.local import open_beneath
-from ocdbt_py.pools import dedicated
 
 __all__ = [
     "get_pool",
@@ -37,53 +37,27 @@ __all__ = [
 Job = Callable[[], None]
 T = TypeVar("T")
 
-_lock = threading.Lock()
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_io_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_threads: int | None = None
-#: Threads that only wait on storage writes (fsync, network), so encoding never stalls on them.
-IO_THREADS = 8
-
 
 def num_threads() -> int:
-    """Worker threads used for decoding and encoding (``ZARR3_NUM_THREADS`` or the CPU count)."""
-    global _threads
-    if _threads is None:
-        env = os.environ.get("ZARR3_NUM_THREADS")
-        try:
-            _threads = max(1, int(env)) if env else max(1, os.cpu_count() or 1)
-        except ValueError:
-            _threads = max(1, os.cpu_count() or 1)
-    return _threads
+    """Worker threads used for decoding and encoding: the size of the ``compute`` pool of
+    :mod:`ocdbt_py.pools` (``pools.SIZES``: the CPU count; ``OCDBT_PY_THREADS_COMPUTE`` or the
+    older ``ZARR3_NUM_THREADS`` override it)."""
+    return pools.size("compute")
 
 
 def set_num_threads(n: int) -> None:
     """Set the number of worker threads (takes effect for the next operation)."""
-    global _pool, _threads
-    if n < 1:
-        raise ValueError("need at least one thread")
-    with _lock:
-        old, _pool, _threads = _pool, None, int(n)
-    if old is not None:
-        old.shutdown(wait=False)
+    pools.resize("compute", n)
 
 
 def get_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The process-wide worker pool (created on first use)."""
-    global _pool
-    with _lock:
-        if _pool is None:
-            _pool = dedicated("compute", num_threads(), name="zarr3")
-        return _pool
+    """The process-wide decode/encode pool (``pools.shared("compute")``)."""
+    return pools.shared("compute")
 
 
 def get_io_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The process-wide pool for storage writes (created on first use)."""
-    global _io_pool
-    with _lock:
-        if _io_pool is None:
-            _io_pool = dedicated("io", IO_THREADS, name="zarr3-io")
-        return _io_pool
+    """The process-wide pool for storage writes (``pools.shared("write")``)."""
+    return pools.shared("write")
 
 
 class IoSink:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -79,19 +78,6 @@ DECODE_JOB_BYTES = 4 << 20
 MAX_REQUESTS = 64
 #: Keys per ``get_many`` when values cannot be located in advance (one object per chunk).
 KEYS_PER_BATCH = 64
-
-_io_lock = threading.Lock()
-_io_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def io_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The shared pool of I/O threads (blocking reads of stores without ``read_into``)."""
-    return _io()
-
-
-def _io() -> concurrent.futures.ThreadPoolExecutor:
-    return shared("io")
-
 
 def fetch_budget(total: int = 0) -> int:
     """The in-flight byte budget for reading ``total`` bytes: ``OCDBT_PY_FETCH_BYTES`` if set,
@@ -164,7 +150,7 @@ def _start_span(job: _Job, stores: Sequence[KvStore], _pool: _Pool) -> concurren
     if store.supports_read_into:
         job.buf = _pool.take(hi - lo)
         return store.read_into([(fk, lo, job.buf.data[: hi - lo])])[0]
-    return _io().submit(stores[si].get_many, [(fk, (lo, hi))])
+    return shared("io").submit(stores[si].get_many, [(fk, (lo, hi))])
 
 
 def _chain(src: concurrent.futures.Future[Any], dst: concurrent.futures.Future[Any]) -> None:
@@ -321,7 +307,7 @@ class RemoteSource:
     def _start(self, job: _Job, pool: _Pool) -> concurrent.futures.Future[Any]:
         if job.keys is not None:
             kv = self.kv
-            return _io().submit(kv.get_many, [k for _, k in job.keys])
+            return shared("io").submit(kv.get_many, [k for _, k in job.keys])
         return _start_span(job, self.stores, pool)
 
     def _data(self, job: _Job, result: Any) -> memoryview:
