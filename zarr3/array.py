@@ -125,7 +125,9 @@ class _Scratch:
     def get(self) -> memoryview:
         buf = getattr(self._local, "buf", None)
         if buf is None:
-            buf = self._local.buf = memoryview(bytearray(self.nbytes))
+            # uninitialised (no zero-fill): a page costs memory only once a decoder writes it,
+            # so a chunk that fails to decode early costs what was decoded, not its declared size
+            buf = self._local.buf = memoryview(np.empty(self.nbytes, np.uint8))
         result: memoryview = buf
         return result
 

@@ -7,7 +7,11 @@ import zlib
 from ocdbt_py.errors import CorruptionError
 from zarr3.codecs.base import Buffer
 
-__all__ = ["inflate"]
+__all__ = ["inflate", "check_inflatable", "MAX_RATIO"]
+
+#: No deflate stream decodes to more than this many times its length: the longest match (258
+#: bytes) costs at least two bits (a one-bit length code and a one-bit distance code).
+MAX_RATIO = 1032
 
 
 def inflate(data: Buffer, wbits: int, size: int | None, bound: int, what: str) -> bytes:
@@ -31,6 +35,14 @@ def inflate(data: Buffer, wbits: int, size: int | None, bound: int, what: str) -
     if size is not None and len(out) != size:
         raise CorruptionError(f"{what} data decompressed to {len(out)} bytes, expected {size}")
     return out
+
+
+def check_inflatable(data: Buffer, size: int | None, what: str) -> None:
+    """Refuse (:class:`CorruptionError`) ``data`` too short to inflate to ``size`` bytes: judged
+    by its length, before any buffer of ``size`` bytes exists."""
+    n = memoryview(data).nbytes
+    if size is not None and size > MAX_RATIO * n + 1024:
+        raise CorruptionError(f"{n} bytes of {what} data cannot decompress to the {size} bytes expected")
 
 
 def deflate_bound(n: int) -> int:

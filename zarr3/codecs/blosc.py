@@ -22,6 +22,9 @@ _CNAMES = ("blosclz", "lz4", "lz4hc", "snappy", "zlib", "zstd")
 _SHUFFLES = ("noshuffle", "shuffle", "bitshuffle")
 _HEADER = 16
 _MAX_OVERHEAD = 16
+#: No blosc frame decodes to more than this many times its compressed size: the bound of its
+#: most expansive inner compressor (zstd, see :data:`zarr3.codecs.zstd.MAX_RATIO`).
+MAX_RATIO = 32768
 _lock = threading.Lock()
 _blosc_mod: Any = None
 
@@ -188,6 +191,18 @@ class BloscCodec(BytesBytesCodec):
                 finally:
                     blosc.set_blocksize(old)
         return bytes(blosc.compress(data, self.typesize or 1, clamp(self.clevel, 0, 9), shuffle, self.cname))
+
+    def check_decodable(self, data: Buffer, size: int | None) -> None:
+        n = memoryview(data).nbytes
+        if n < _HEADER:
+            raise CorruptionError(f"blosc frame of {n} bytes is shorter than its header")
+        nbytes, _blocksize, cbytes = struct.unpack_from("<III", data, 4)
+        if size is not None and nbytes != size:
+            raise CorruptionError(f"blosc frame declares {nbytes} bytes, expected {size}")
+        if cbytes > n or cbytes < _HEADER:
+            raise CorruptionError(f"blosc frame declares {cbytes} compressed bytes, has {n}")
+        if nbytes > MAX_RATIO * cbytes:
+            raise CorruptionError(f"{cbytes} bytes of blosc data cannot decompress to the {nbytes} bytes declared")
 
     def decode(self, data: Buffer, size: int | None, bound: int) -> Buffer:
         blosc = _blosc()

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ocdbt_py.errors import CorruptionError
 from zarr3.codecs.base import (
     ArrayArrayCodec,
     ArrayBytesCodec,
@@ -146,16 +147,23 @@ class CodecChain:
     # -- decoding ------------------------------------------------------------------------
     def check_decodable(self, data: Buffer) -> None:
         """Cheap check that stored ``data`` can decode to this chunk (its outermost codec
-        judges from the header and length); call it before allocating a chunk buffer."""
+        judges from the header and length); call it before allocating a chunk buffer.
+        Without a compressor (no bytes -> bytes codec, or only checksums) the stored value is
+        the chunk itself: its size must be exact."""
         for i in range(len(self.bb) - 1, -1, -1):
             codec = self.bb[i]
             codec.check_decodable(data, self.sizes[i])
             if not isinstance(codec, Crc32cCodec):
-                break
+                return
             mv = as_uint8(data)  # a checksum trailer: judge what it wraps
             if len(mv) < 4:
-                break
+                return
             data = mv[:-4]
+        size = self.sizes[0]
+        n = as_uint8(data).nbytes
+        if size is not None and n != size:
+            raise CorruptionError(f"chunk holds {n} bytes, expected {size} for shape "
+                                  f"{list(self.spec.shape)} of {self.spec.dtype.name}")
 
     def _decode_bytes(self, data: Buffer, scratch: memoryview | None) -> Buffer:
         """Undo the bytes->bytes codecs; the result may live in ``scratch``."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from zarr3.codecs._deflate import deflate_bound, inflate
+from zarr3.codecs._deflate import check_inflatable, deflate_bound, inflate
 from zarr3.codecs.base import Buffer, BytesBytesCodec, check_config, clamp, encoder_int
 
 __all__ = ["GzipCodec"]
@@ -52,6 +52,9 @@ class GzipCodec(BytesBytesCodec):
 
     def decode(self, data: Buffer, size: int | None, bound: int) -> Buffer:
         return inflate(data, 47, size, bound, "gzip")
+
+    def check_decodable(self, data: Buffer, size: int | None) -> None:
+        check_inflatable(data, size, "gzip")
 
     def max_encoded_size(self, decoded_size: int) -> int:
         return deflate_bound(decoded_size)

@@ -15,6 +15,10 @@ from zarr3.errors import CodecUnavailableError, MetadataError
 
 __all__ = ["Lz4Codec"]
 
+#: No LZ4 block decodes to more than about 255 times its length (a match grows by at most 255
+#: bytes per length byte).
+MAX_RATIO = 256
+
 
 def _lz4_block() -> Any:
     try:
@@ -53,6 +57,16 @@ class Lz4Codec(BytesBytesCodec):
     def encode(self, data: Buffer) -> Buffer:
         acc = clamp(self.acceleration, 1, 1 << 16)
         return bytes(_lz4_block().compress(data, mode="fast", acceleration=acc, store_size=True))
+
+    def check_decodable(self, data: Buffer, size: int | None) -> None:
+        n = memoryview(data).nbytes
+        if n < 4:
+            raise CorruptionError("lz4 frame is shorter than its size header")
+        (declared,) = struct.unpack_from("<i", data, 0)
+        if size is not None and declared != size:
+            raise CorruptionError(f"lz4 frame declares {declared} bytes, expected {size}")
+        if declared > MAX_RATIO * n + 256:
+            raise CorruptionError(f"{n} bytes of lz4 data cannot decompress to the {declared} bytes declared")
 
     def decode(self, data: Buffer, size: int | None, bound: int) -> Buffer:
         block = _lz4_block()

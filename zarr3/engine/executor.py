@@ -164,6 +164,8 @@ def run_jobs(jobs: Iterable[Job], *, max_pending: int | None = None) -> None:
 
 
 Request = tuple[str, "ByteRange | None"]
+#: The smallest per-thread fetch buffer :class:`LocalFetcher` allocates.
+_MIN_FETCH_BUFFER = 64 << 10
 
 
 
@@ -239,7 +241,11 @@ class LocalFetcher:
                 return os.pread(fd, n, start)
             buf = getattr(self._local, "buf", None)
             if buf is None or len(buf) < n:
-                buf = self._local.buf = memoryview(bytearray(max(n, self.max_bytes)))
+                # sized from the bytes stored (fstat), never from the chunk size the metadata
+                # declares: a 20-byte file under a 1 GiB chunk costs kilobytes.  Grows by
+                # doubling (at most to max_bytes), so mixed sizes reallocate a few times only.
+                grown = max(n, _MIN_FETCH_BUFFER, 2 * len(buf) if buf is not None else 0)
+                buf = self._local.buf = memoryview(bytearray(max(n, min(grown, self.max_bytes))))
             view = buf[:n]
             got = 0
             while got < n:
