@@ -6,6 +6,8 @@ import argparse
 import datetime
 import posixpath
 import re
+import sys
+import warnings
 from typing import Any
 
 from ocdbt_py.cli.errors import CliError, UsageError, value_errors_as_usage
@@ -81,14 +83,21 @@ def run(args: argparse.Namespace) -> int:
     # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
     from ocdbt_py.checkpoint.layout import list_items
     from ocdbt_py.checkpoint.manager.naming import StepNameFormat
-    from ocdbt_py.checkpoint.manager.steps import scan
+    from ocdbt_py.checkpoint.manager.steps import BadStepWarning, scan
     from ocdbt_py.kvstore import open_kvstore
     from ocdbt_py.kvstore.prefixed import PrefixStore
 
     with value_errors_as_usage():
         fmt = StepNameFormat(args.prefix, args.width)
     kv = open_kvstore(normalize_url(args.url), storage_options(args), read_only=True)
-    names, infos = scan(kv, fmt)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", BadStepWarning)
+        names, infos = scan(kv, fmt)
+    for w in caught:  # a step whose metadata cannot be used is left out, and said so
+        if issubclass(w.category, BadStepWarning):
+            sys.stderr.write(f"warning: {w.message}\n")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if not names:
         _not_a_root(args.url, kv)
     rows: list[dict[str, Any]] = []

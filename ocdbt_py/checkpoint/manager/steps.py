@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,8 +18,8 @@ from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.pools import map_concurrently
 
-__all__ = ["METRICS_ITEM", "METRICS_FILE", "scan", "read_step_info", "cleanup", "delete_step", "writes_in_place",
-           "metrics_json"]
+__all__ = ["BadStepWarning", "MAX_TIME_NS", "METRICS_ITEM", "METRICS_FILE", "scan", "read_step_info", "cleanup",
+           "delete_step", "writes_in_place", "metrics_json"]
 
 #: Orbax keeps a step's metrics as the JSON item ``metrics`` in the file ``metrics``.
 METRICS_ITEM = "metrics"
@@ -43,17 +44,32 @@ def committed(kv: KvStore, fmt: StepNameFormat) -> dict[int, str]:
     return dict(sorted(out.items()))
 
 
-def _as_time(meta: Mapping[str, Any] | None, fallback: float) -> float:
+#: The latest time a step may record, in nanoseconds since the epoch: the end of the year
+#: 9999, the last instant ``datetime`` (and so Orbax's ``CheckpointInfo.time``) can hold.
+MAX_TIME_NS = 253_402_300_799 * 10**9
+
+
+class BadStepWarning(UserWarning):
+    """A step of a manager root is skipped because what it records cannot be used."""
+
+
+def _as_time(meta: Mapping[str, Any] | None, fallback: float, where: str) -> float:
     if meta:
         for key in ("commit_timestamp_nsecs", "init_timestamp_nsecs"):
             v = meta.get(key)
             if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                if v > MAX_TIME_NS:
+                    raise CorruptionError(f"{key} {v} is out of range (after the year 9999)", path=where)
                 return v / 1e9
     return fallback
 
 
 def read_step_info(kv: KvStore, step: int, name: str, *, fallback_time: float = 0.0) -> StepInfo:
-    """What retention needs of one step: its commit time and metrics."""
+    """What retention needs of one step: its commit time and metrics.
+
+    A step whose ``_CHECKPOINT_METADATA`` records a time out of range (after the year 9999)
+    raises :class:`CorruptionError`; one whose file is unreadable gets ``fallback_time``."""
+    where = f"{kv.url.rstrip('/')}/{name}/{_STEP_METADATA}"
     try:
         meta = read_json(kv, f"{name}/{_STEP_METADATA}", 16 << 20)
     except CorruptionError:
@@ -62,17 +78,35 @@ def read_step_info(kv: KvStore, step: int, name: str, *, fallback_time: float = 
         metrics = read_json(kv, f"{name}/{METRICS_ITEM}/{METRICS_FILE}", 16 << 20)
     except CorruptionError:
         metrics = None
-    return StepInfo(step, _as_time(meta if isinstance(meta, dict) else None, fallback_time),
+    return StepInfo(step, _as_time(meta if isinstance(meta, dict) else None, fallback_time, where),
                     metrics if isinstance(metrics, dict) else None)
 
 
 def scan(kv: KvStore, fmt: StepNameFormat, *, workers: int = 16) -> tuple[dict[int, str], dict[int, StepInfo]]:
-    """The finalized steps of a root and their :class:`StepInfo`, read concurrently."""
+    """The finalized steps of a root and their :class:`StepInfo`, read concurrently.
+
+    A step whose metadata cannot be used (:func:`read_step_info` raises
+    :class:`CorruptionError`) is left out with a :class:`BadStepWarning`, so one hostile or
+    damaged step does not stop a run from resuming from the others; it is never deleted."""
     names = committed(kv, fmt)
     if not names:
         return names, {}
-    infos = map_concurrently(lambda sn: read_step_info(kv, sn[0], sn[1]), names.items(), limit=workers)
-    return names, {i.step: i for i in infos}
+
+    def info(sn: tuple[int, str]) -> StepInfo | CorruptionError:
+        try:
+            return read_step_info(kv, sn[0], sn[1])
+        except CorruptionError as e:
+            return e
+
+    got = map_concurrently(info, names.items(), limit=workers)
+    infos: dict[int, StepInfo] = {}
+    for (step, name), i in zip(list(names.items()), got):
+        if isinstance(i, CorruptionError):
+            warnings.warn(f"skipping step {step} ({name}): {i}", BadStepWarning, stacklevel=2)
+            del names[step]
+        else:
+            infos[step] = i
+    return names, infos
 
 
 def writes_in_place(kv: KvStore) -> bool:
