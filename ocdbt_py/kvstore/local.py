@@ -58,10 +58,26 @@ def _generation(st: os.stat_result, data: bytes | None = None) -> str:
 class LocalStore(KvStore):
     """Keys are files below ``root``; ``/`` in a key is a directory separator."""
 
-    def __init__(self, root: str | os.PathLike[str], *, read_only: bool = False):
+    def __init__(self, root: str | os.PathLike[str], *, read_only: bool = False,
+                 no_follow_from: str | os.PathLike[str] | None = None):
+        """``no_follow_from``: a directory above ``root`` from which no link is followed (so
+        neither is one in ``root``'s own components below it); default: ``root`` itself."""
         self.root = os.path.abspath(os.fspath(root))
         self.read_only = read_only
         self._dir_lock = threading.Lock()
+        #: files are opened below ``_anchor`` as ``_lead + key`` with no link followed
+        self._anchor = self.root
+        self._lead: list[str] = []
+        if no_follow_from is not None:
+            anchor = os.path.abspath(os.fspath(no_follow_from))
+            lead = key_below(anchor, self.root)
+            if lead is None:
+                raise ValueError(f"{anchor} is not a directory above {self.root}")
+            self._anchor, self._lead = anchor, lead.split("/")
+
+    def _anchored(self, key: str) -> str:
+        """``key`` relative to :meth:`no_follow_root`."""
+        return "/".join([*self._lead, key]) if self._lead else key
 
     @property
     def url(self) -> str:
@@ -76,8 +92,9 @@ class LocalStore(KvStore):
         return self._path(key) if key else self.root
 
     def no_follow_root(self) -> str | None:
-        """:attr:`root`: no symbolic link below it is followed."""
-        return self.root
+        """:attr:`root` (or the ``no_follow_from`` directory above it): no symbolic link below
+        it is followed."""
+        return self._anchor
 
     def _fail(self, what: str, key: str, exc: OSError) -> StorageError:
         if isinstance(exc, StorageError):  # e.g. a link refused: already says what and where
@@ -92,14 +109,15 @@ class LocalStore(KvStore):
         """
         validate_key(key)
         parts = key.split("/")
-        return open_dir_beneath(self.root, parts[:-1], create=create, url=self.url), parts[-1]
+        return open_dir_beneath(self._anchor, self._lead + parts[:-1], create=create, url=self.url), parts[-1]
 
     # -- reading -------------------------------------------------------------------------
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
         check_range(byte_range)
         validate_key(key)
         try:
-            fd = open_beneath(self.root, key, os.O_RDONLY | getattr(os, "O_BINARY", 0), url=self.url, validated=True)
+            fd = open_beneath(self._anchor, self._anchored(key), os.O_RDONLY | getattr(os, "O_BINARY", 0),
+                              url=self.url, validated=True)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
         except OSError as e:
@@ -155,7 +173,7 @@ class LocalStore(KvStore):
         component below the root is a link (else ``None``; a link raises)."""
         names = [n for n in top.split("/") if n]
         try:
-            os.close(open_dir_beneath(self.root, names, create=False, url=self.url))
+            os.close(open_dir_beneath(self._anchor, self._lead + names, create=False, url=self.url))
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:

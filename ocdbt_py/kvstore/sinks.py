@@ -44,8 +44,8 @@ class DeferredSyncStore(LocalStore):
     :meth:`sync_all` makes everything written so far durable at once (files in parallel, then
     their directories), which costs far less than two fsyncs per small file."""
 
-    def __init__(self, root: str | os.PathLike[str]):
-        super().__init__(root)
+    def __init__(self, root: str | os.PathLike[str], *, no_follow_from: str | os.PathLike[str] | None = None):
+        super().__init__(root, no_follow_from=no_follow_from)
         self._pending: set[str] = set()
         self._pending_lock = threading.Lock()
 
@@ -62,7 +62,7 @@ class DeferredSyncStore(LocalStore):
         path = self._path(key)
         self._check_writable()
         try:
-            dfd, fd = create_beneath(self.root, key, url=self.url)  # no link followed
+            dfd, fd = create_beneath(self._anchor, self._anchored(key), url=self.url)  # no link followed
         except OSError as e:
             raise self._fail("writing", key, e) from e
         try:
@@ -97,16 +97,17 @@ class DeferredSyncStore(LocalStore):
         def sync(path: str, flags: int) -> None:
             # opened again below the root with no link followed (and never blocking: a file
             # swapped for a FIFO since it was written must not hang the save)
-            key = key_below(self.root, path)
+            anchor = self._anchor
+            key = key_below(anchor, path)
             try:
                 if key is None:
-                    if path != self.root:
+                    if path != anchor:
                         return
                     fd = os.open(path, flags)
                 elif flags & _DIR:
-                    fd = open_dir_beneath(self.root, key.split("/"), url=self.url)
+                    fd = open_dir_beneath(anchor, key.split("/"), url=self.url)
                 else:
-                    fd = open_beneath(self.root, key, flags, url=self.url, validated=True)
+                    fd = open_beneath(anchor, key, flags, url=self.url, validated=True)
             except OSError as e:
                 errors.append(e)
                 return

@@ -20,7 +20,7 @@ from typing import Any
 from ocdbt_py.checkpoint.convert.arrays import Stats
 from ocdbt_py.checkpoint.convert.encoding import Target, cast_dtype
 from ocdbt_py.checkpoint.convert.item import ItemCopy, ItemOptions, copy_files
-from ocdbt_py.checkpoint.convert.journal import JOURNAL_DIR, Journal
+from ocdbt_py.checkpoint.convert.journal import JOURNAL_DIR, Journal, SourceChangedError, changed, source_identity
 from ocdbt_py.checkpoint.layout import TMP_SUFFIX, Kind, classify, list_steps, parse_step_name
 from ocdbt_py.checkpoint.saving import layout_writer
 from ocdbt_py.checkpoint.saving.atomic import Destination, open_destination
@@ -79,7 +79,7 @@ def _prepare(dest: Destination, force: bool, resume: bool) -> bool:
     """Make room for writing the unit; ``True`` when an interrupted copy is continued."""
     if resume:
         if dest.renames and dest.tmp_dir is not None:
-            if os.path.isdir(dest.tmp_dir) and not dest.exists():
+            if dest.tmp_exists() and not dest.exists():  # a link there is refused, never followed
                 return True
         elif dest.write_kv.exists(f"{JOURNAL_DIR}/options.json") and not dest.write_kv.exists(_MARKER):
             return True
@@ -170,10 +170,11 @@ def _copy_unit(src_kv: KvStore, kind: Kind, dst: Any, opts: ItemOptions, *, forc
         resumed = _prepare(dest, force, resume)
         journal = Journal(dest.write_kv)
         doc = _options_doc(opts)
+        source = source_identity(src_kv)
         if resumed:
-            journal.load(doc)
+            journal.load(doc, source)
         else:
-            journal.start(doc)
+            journal.start(doc, source)
         total = unit.nbytes
         done = [0]
         lock = threading.Lock()
@@ -187,6 +188,10 @@ def _copy_unit(src_kv: KvStore, kind: Kind, dst: Any, opts: ItemOptions, *, forc
 
         advance(0)
         unit.run(dest, journal, stats, advance)
+        what = changed(source, source_identity(src_kv))
+        if what is not None:
+            raise SourceChangedError(f"the source changed while it was being copied ({what} differs); the copy is "
+                                     f"not committed: rerun it without --resume")
         journal.remove()
         unit.write_markers(dest)
         dest.write_kv.set(_MARKER, layout_writer.commit_marker(dest.display))

@@ -19,6 +19,7 @@ import ctypes
 import ctypes.util
 import os
 import shutil
+import stat
 from typing import Any
 
 from ocdbt_py.errors import OcdbtError, StorageError
@@ -70,7 +71,9 @@ class Destination:
         self.final_dir = final_dir  # local directory path when renames are available
         if final_dir is not None:
             self.tmp_dir: str | None = final_dir + TMP_SUFFIX
-            self.write_kv: KvStore = DeferredSyncStore(self.tmp_dir)
+            # opened from its parent with no link followed: a link planted (or swapped in) at
+            # <dir>.orbax-checkpoint-tmp gets an error, never the checkpoint's files
+            self.write_kv: KvStore = DeferredSyncStore(self.tmp_dir, no_follow_from=os.path.dirname(self.tmp_dir))
         else:
             self.tmp_dir = None
             self.write_kv = kv
@@ -84,6 +87,24 @@ class Destination:
     def write_display(self) -> str:
         """The path being written (the temporary directory when renaming)."""
         return self.tmp_dir if self.tmp_dir is not None else self.display
+
+    def tmp_exists(self) -> bool:
+        """Whether the temporary directory exists (as a directory, not through a link); a link
+        or anything else there is :class:`StorageError`, refused on purpose."""
+        if self.tmp_dir is None:
+            return False
+        try:
+            st = os.lstat(self.tmp_dir)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise StorageError(f"cannot inspect {self.tmp_dir}: {e.strerror or e}") from e
+        if stat.S_ISLNK(st.st_mode):
+            raise StorageError(f"{self.tmp_dir} is a symbolic link; refusing to write a checkpoint through it "
+                               f"(remove it to save here)")
+        if not stat.S_ISDIR(st.st_mode):
+            raise StorageError(f"{self.tmp_dir} is not a directory; refusing to replace it (remove it to save here)")
+        return True
 
     def exists(self) -> bool:
         """Whether the final destination already holds anything."""
@@ -101,8 +122,9 @@ class Destination:
             if self.final_dir is None:
                 self._delete_in_place()
         if self.tmp_dir is not None:
+            stale = self.tmp_exists()
             try:
-                if os.path.lexists(self.tmp_dir):
+                if stale:
                     shutil.rmtree(self.tmp_dir)
                 os.makedirs(self.tmp_dir)
             except OSError as e:
@@ -134,6 +156,8 @@ class Destination:
         parent = os.path.dirname(final) or "."
         if sync:
             self.sync()
+        if not self.tmp_exists():
+            raise StorageError(f"cannot commit {tmp} to {final}: {tmp} is gone")
         try:
             _fsync_dir(tmp)
             if os.path.lexists(final):
