@@ -127,7 +127,7 @@ class _Scratch:
         if buf is None:
             # uninitialised (no zero-fill): a page costs memory only once a decoder writes it,
             # so a chunk that fails to decode early costs what was decoded, not its declared size
-            buf = self._local.buf = memoryview(np.empty(self.nbytes, np.uint8))
+            buf = self._local.buf = np.empty(self.nbytes, np.uint8).data
         result: memoryview = buf
         return result
 
