@@ -10,7 +10,7 @@ Usage::
     python bench/scaling.py --counts 1000,10000,100000 --sizes-mib 64,256,1024,4096 --large-ops metadata,list
                                                    # what bench/README.md shows (about 15 minutes)
     python bench/scaling.py --counts 1000 --sizes-mib 64 --repeat 1   # smoke run
-    python bench/scaling.py --readme               # also rewrite the issue-20 section of bench/README.md
+    python bench/scaling.py --readme               # also rewrite the scaling section of bench/README.md
 
 Cases: ``N`` arrays of 256 float32 (1 KiB each), nested 100 to a dict like model layers; and
 ``S`` MiB in 8 float32 arrays of normal(0, 0.02) weights.  For each case a reference checkpoint
@@ -263,7 +263,7 @@ def chart(results: dict[str, dict[str, dict[str, float]]], png: Path, load: str)
 
 
 def write_readme(text: str) -> None:
-    """Replace the generated part of the issue-20 section of ``bench/README.md``."""
+    """Replace the generated part of the scaling section of ``bench/README.md``."""
     path = REPO / "bench" / "README.md"
     doc = path.read_text()
     block = f"{README_BEGIN}\n{text}\n{README_END}"
