@@ -27,6 +27,8 @@ __all__ = [
     "data_type_from_numpy",
     "v2_dtype_string",
     "VARIABLE_KINDS",
+    "ML_FLOAT_NAMES",
+    "ML_INT_NAMES",
     "STRING",
     "VLEN_BYTES",
     "OBJECT",
@@ -115,6 +117,26 @@ def _ml(name: str) -> np.dtype[Any] | None:
     return None if t is None else np.dtype(t)
 
 
+#: The ml_dtypes floating-point types (TensorStore extensions, what JAX checkpoints hold): the
+#: one list of them (``ocdbt_py.checkpoint.dtypes`` builds on it).
+ML_FLOAT_NAMES = (
+    "bfloat16",
+    "float8_e3m4",
+    "float8_e4m3",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e4m3b11fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    "float6_e2m3fn",
+    "float6_e3m2fn",
+    "float4_e2m1fn",
+)
+#: The ml_dtypes sub-byte integer types.
+ML_INT_NAMES = ("int2", "int4", "uint2", "uint4")
+
+
 def _build_registry() -> dict[str, DataType]:
     reg: dict[str, DataType] = {}
 
@@ -131,24 +153,12 @@ def _build_registry() -> dict[str, DataType]:
     add(DataType("complex64", np.dtype(np.complex64), "complex"))
     add(DataType("complex128", np.dtype(np.complex128), "complex"))
     # ml_dtypes types (TensorStore extensions, also what JAX checkpoints hold).
-    for name in (
-        "bfloat16",
-        "float8_e3m4",
-        "float8_e4m3",
-        "float8_e4m3fn",
-        "float8_e4m3fnuz",
-        "float8_e4m3b11fnuz",
-        "float8_e5m2",
-        "float8_e5m2fnuz",
-        "float8_e8m0fnu",
-        "float6_e2m3fn",
-        "float6_e3m2fn",
-        "float4_e2m1fn",
-    ):
+    for name in ML_FLOAT_NAMES:
         dt = _ml(name)
         if dt is not None:
             add(DataType(name, dt, "float", v2_name=name))
-    for name, kind in (("int2", "int"), ("int4", "int"), ("uint2", "uint"), ("uint4", "uint")):
+    for name in ML_INT_NAMES:
+        kind = "uint" if name.startswith("u") else "int"
         dt = _ml(name)
         if dt is not None:
             add(DataType(name, dt, kind, v2_name=name))

@@ -5,26 +5,11 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from zarr3.dtypes import ML_FLOAT_NAMES, ML_INT_NAMES
+
 __all__ = ["dtype_from_name", "dtype_name", "ML_DTYPE_NAMES"]
 
-_ML_NAMES = (
-    "bfloat16",
-    "int2",
-    "int4",
-    "uint2",
-    "uint4",
-    "float4_e2m1fn",
-    "float6_e2m3fn",
-    "float6_e3m2fn",
-    "float8_e3m4",
-    "float8_e4m3",
-    "float8_e4m3fn",
-    "float8_e4m3fnuz",
-    "float8_e4m3b11fnuz",
-    "float8_e5m2",
-    "float8_e5m2fnuz",
-    "float8_e8m0fnu",
-)
+_ML_NAMES = ML_FLOAT_NAMES + ML_INT_NAMES
 
 
 #: Names of the ml_dtypes extension types (not understood by NumPy itself).

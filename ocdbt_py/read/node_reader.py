@@ -14,6 +14,7 @@ from ocdbt_py.format.config import Config
 from ocdbt_py.format.data_file_table import DataFileId, IndirectDataReference
 from ocdbt_py.format.version_tree import VersionTreeNode, decode_version_tree_node
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.coalesce import merge_ranges
 from ocdbt_py.kvstore.keys import validate_key
 from ocdbt_py.read.cache import LruCache
 
@@ -118,18 +119,9 @@ class NodeReader:
                 plan.append((key, ref.offset, ref.offset + ref.length, [i]))
         for key, idxs in by_file.items():
             idxs.sort(key=lambda j: refs[j].offset)
-            group: list[int] = []
-            lo = hi = 0
-            for j in idxs:
-                a, b = refs[j].offset, refs[j].offset + refs[j].length
-                if group and a <= hi + _COALESCE_GAP and max(hi, b) - lo <= _COALESCE_MAX:
-                    group.append(j)
-                    hi = max(hi, b)
-                    continue
-                if group:
-                    plan.append((key, lo, hi, group))
-                group, lo, hi = [j], a, b
-            if group:
+            spans = ((refs[j].offset, refs[j].offset + refs[j].length, j) for j in idxs)
+            for lo, hi, group in merge_ranges(spans, gap=_COALESCE_GAP, max_span=_COALESCE_MAX):
+                assert hi is not None  # every range here is bounded
                 plan.append((key, lo, hi, group))
         if plan:
             results = self.kv.get_many([(key, (lo, hi)) for key, lo, hi, _ in plan])

@@ -35,7 +35,7 @@ import zstandard
 from ocdbt_py.format.envelope import crc32c
 from ocdbt_py.write.bulk import StoredValue
 from zarr3.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec, compressor_from_v2
-from zarr3.dtypes import data_type_from_numpy, v2_dtype_string
+from zarr3.dtypes import ML_FLOAT_NAMES, ML_INT_NAMES, data_type_from_numpy, v2_dtype_string
 from zarr3.fill_value import default_fill_value
 from zarr3.metadata_v2 import ArrayMetadataV2
 from zarr3.metadata_v3 import ArrayMetadataV3
@@ -55,10 +55,8 @@ _INDEX = struct.Struct("<QQ")
 #: Zarr data types TensorStore 0.1.86 (so Orbax) reads; ml_dtypes has a few more.
 SUPPORTED_DTYPES = frozenset({
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128", "bfloat16",
-    "float8_e3m4", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e4m3b11fnuz", "float8_e5m2",
-    "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn", "int2", "int4",
-})
+    "float16", "float32", "float64", "complex64", "complex128",
+}) | frozenset(ML_FLOAT_NAMES + ML_INT_NAMES) - {"float8_e4m3", "float6_e2m3fn", "float6_e3m2fn", "uint2", "uint4"}
 
 
 def storage_dtype(dtype: Any) -> np.dtype[Any]:
