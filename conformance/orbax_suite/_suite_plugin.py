@@ -26,8 +26,22 @@ def pytest_configure(config: Any) -> None:
     from absl import flags  # Orbax's tests read absl flags
 
     flags.FLAGS.mark_as_parsed()
+    _start_distributed()
     if os.environ.get("OCDBT_SUITE_MODE") == "dropin":
         _dropin.install()
+
+
+def _start_distributed() -> None:
+    """A one-process JAX distributed service: Orbax's ``MultiProcessTest`` cases wait at its
+    barriers (Orbax's own runner starts it through ``multiprocess_test.main``)."""
+    import socket
+
+    import jax  # the tests use JAX on 8 CPU devices
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=1, process_id=0)
 
 
 def pytest_runtest_setup(item: Any) -> None:

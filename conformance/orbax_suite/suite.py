@@ -58,6 +58,8 @@ FILES: dict[str, str] = {
 HELPERS = {
     "_src/checkpointers/checkpointer_test_utils.py": "checkpointer_test_utils.py",
     "_src/handlers/standard_checkpoint_handler_test_utils.py": "standard_checkpoint_handler_test_utils.py",
+    "_src/testing/multiprocess_test.py": "multiprocess_test.py",
+    "_src/testing/oss/multiprocess_test.py": "oss_multiprocess_test.py",
 }
 # what `make test` runs by default: small files that still cross the manager and handlers
 FAST = ["checkpoint_manager_options_test.py", "composite_test.py", "preservation_policy_test.py",
@@ -116,12 +118,12 @@ def _extract_git(git_dir: Path) -> Path | None:
 def rewrite(text: str, mode: str) -> str:
     """A test file's source with its helper imports local and, in ``dropin`` mode, its
     ``orbax.checkpoint`` imports going through ``_ocdbt_dropin`` (``test_utils`` excepted)."""
-    helpers = {Path(n).stem for n in HELPERS.values()}
+    helpers = {"orbax.checkpoint." + rel[:-3].replace("/", "."): Path(n).stem for rel, n in HELPERS.items()}
     out = []
     for line in text.splitlines():
         m = _FROM.match(line)
-        if m and m.group(3) in helpers:
-            line = f"{m.group(1)}import {m.group(3)}{m.group(4) or ''}"
+        if m and f"{m.group(2)}.{m.group(3)}" in helpers:
+            line = f"{m.group(1)}import {helpers[m.group(2) + '.' + m.group(3)]}{m.group(4) or ' as ' + m.group(3)}"
         elif mode == "dropin" and m and "test_utils" not in m.group(2) and m.group(3) != "test_utils":
             line = f"{m.group(1)}from {m.group(2).replace('orbax.checkpoint', '_ocdbt_dropin', 1)} import " \
                    f"{m.group(3)}{m.group(4) or ''}"
@@ -153,6 +155,8 @@ def run_file(work: Path, mode: str, name: str, timeout: float = 3600, per_test: 
     env["JAX_PLATFORMS"] = "cpu"
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    tmp = Path(tempfile.mkdtemp(prefix=f"{mode}-{name[:-3]}-", dir=work))
+    env["TEST_TMPDIR"] = str(tmp)  # absl's test directories: one per run, never shared
     started = time.monotonic()
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "_suite_plugin", f"--timeout={per_test}",
            "--rootdir", str(work), str(work / name)]
@@ -161,6 +165,8 @@ def run_file(work: Path, mode: str, name: str, timeout: float = 3600, per_test: 
         tail = proc.stdout[-2000:] + proc.stderr[-2000:]
     except subprocess.TimeoutExpired:
         tail = f"timed out after {timeout} s"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     result: dict[str, Any] = {"tests": {}, "collect_errors": []}
     if out.is_file():
         result = json.loads(out.read_text(encoding="utf-8"))

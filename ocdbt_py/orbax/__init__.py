@@ -24,6 +24,7 @@ from ocdbt_py.orbax import (
     handlers,
     metadata,
     options,
+    path,
     tree,
     type_handlers,
     utils,
@@ -46,6 +47,7 @@ from ocdbt_py.orbax.handlers import (
 )
 from ocdbt_py.orbax.manager import CheckpointManager, CheckpointManagerOptions
 from ocdbt_py.orbax.options import AsyncOptions, MultiprocessingOptions
+from ocdbt_py.orbax.path import step
 from ocdbt_py.orbax.type_handlers import ArrayRestoreArgs, RestoreArgs, SaveArgs
 
 AbstractCheckpointManager = CheckpointManager
@@ -59,6 +61,8 @@ __all__ = [
     "handlers",
     "metadata",
     "options",
+    "path",
+    "step",
     "tree",
     "type_handlers",
     "utils",

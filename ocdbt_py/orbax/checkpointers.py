@@ -15,6 +15,7 @@ from ocdbt_py.checkpoint.restore.api import resolve
 from ocdbt_py.checkpoint.saving.atomic import CheckpointExistsError, open_destination
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.orbax import args as args_lib
+from ocdbt_py.orbax._foreign import refuse_orbax_object
 from ocdbt_py.orbax.handlers import (
     CheckpointHandler,
     CompositeCheckpointHandler,
@@ -63,6 +64,7 @@ class Checkpointer(AbstractCheckpointer):
     _blocking = True
 
     def __init__(self, handler: CheckpointHandler, **ignored: Any):
+        refuse_orbax_object(handler, "the checkpointer's handler")
         if not isinstance(handler, CheckpointHandler):
             raise TypeError(f"{handler!r} is not an ocdbt_py.orbax handler")
         self._handler = handler

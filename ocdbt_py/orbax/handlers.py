@@ -9,22 +9,31 @@ methods work on a directory too.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from ocdbt_py.checkpoint.jsonio import read_json
+from ocdbt_py.checkpoint.layout import STEP_METADATA
 from ocdbt_py.checkpoint.meta import metadata
 from ocdbt_py.checkpoint.pytree import flatten_with_names
 from ocdbt_py.checkpoint.restore.api import restore
+from ocdbt_py.checkpoint.saving import async_save
 from ocdbt_py.checkpoint.saving.api import JsonItem, SaveHandle, save
+from ocdbt_py.checkpoint.saving.layout_writer import checkpoint_metadata, json_item
 from ocdbt_py.errors import UnsupportedError
+from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.orbax import args as args_lib
 from ocdbt_py.orbax._convert import apply_save_args, restore_target
+from ocdbt_py.orbax._foreign import refuse_orbax_object
 from ocdbt_py.orbax._saved_shardings import saved_sharding_target
+from ocdbt_py.orbax.utils import is_primary_host
 
 __all__ = [
     "CheckpointHandler",
@@ -193,24 +202,87 @@ def _array_like_scalar(x: Any) -> bool:
 
 
 class JsonCheckpointHandler(CheckpointHandler):
-    """A JSON object in the file ``filename`` (default ``metadata``) of the item directory."""
+    """A JSON object in the file ``filename`` (default ``metadata``) of the item directory.
+
+    Alone, ``save(directory, args=JsonSave(obj))`` writes that one file into ``directory``
+    (as Orbax's handler does; a ``Checkpointer`` adds ``_CHECKPOINT_METADATA``), and
+    ``restore(directory)`` reads it back; in a composite checkpoint it is one item.
+    """
 
     save_args = args_lib.JsonSave
     restore_args = args_lib.JsonRestore
 
-    def __init__(self, filename: str | None = None, **ignored: Any):
+    def __init__(self, filename: str | None = None, primary_host: int | None = 0, **ignored: Any):
         self.filename = filename or "metadata"
+        self._primary_host = primary_host
+
+    def _item(self, args: Any, kwargs: dict[str, Any]) -> Any:
+        if isinstance(args, args_lib.JsonSave):
+            return args.item
+        if "item" in kwargs:
+            return kwargs["item"]
+        raise TypeError(f"JsonCheckpointHandler saves JsonSave, not {type(args).__name__}")
+
+    def _write(self, directory: Location, item: Any, step_metadata: bool = False) -> None:
+        if not is_primary_host(self._primary_host):
+            return
+        kv = open_kvstore(directory)
+        kv.set(self.filename, json_item(item))
+        if step_metadata:
+            now = time.time_ns()
+            kv.set(STEP_METADATA, checkpoint_metadata(None, init_ns=now, commit_ns=now))
+
+    async def _save_fn(self, x: Any, directory: Location) -> None:
+        """Write ``x`` (what :meth:`async_save`'s future runs)."""
+        self._write(directory, x)
+
+    def save(self, directory: Location, args: args_lib.CheckpointArgs | None = None, **kwargs: Any) -> None:
+        """Write the JSON file into ``directory`` (created if missing), blocking."""
+        self._write(directory, self._item(args, kwargs))
+
+    async def async_save(self, directory: Location, args: args_lib.CheckpointArgs | None = None,
+                         **kwargs: Any) -> list[Any]:
+        """Start writing the JSON file in the background; one future to wait on."""
+        item = self._item(args, kwargs)
+        handle = async_save.start(os.fspath(directory) if not isinstance(directory, KvStore) else directory.url,
+                                  lambda: asyncio.run(self._save_fn(item, directory)), blocking=False,
+                                  started=time.perf_counter())
+        return [_HandleFuture(handle)]
 
     def start_save(self, directory: Location, args: args_lib.CheckpointArgs, *, force: bool,
                    custom_metadata: dict[str, Any] | None, blocking: bool) -> SaveHandle:
-        """Refused: ocdbt_py writes JSON only as an item of a composite checkpoint."""
-        raise UnsupportedError("a bare JSON checkpoint is not written by ocdbt_py; use a Composite item")
+        """A checkpoint directory holding the JSON file (what a ``Checkpointer`` saves)."""
+        item = self._item(args, {})
+        target = os.fspath(directory) if not isinstance(directory, KvStore) else directory.url
+        return async_save.start(target, lambda: self._write(directory, item, step_metadata=True), blocking=True,
+                                started=time.perf_counter())
+
+    def restore_from(self, location: Location, args: args_lib.CheckpointArgs | None, item: str | None = None) -> Any:
+        """The JSON object (``FileNotFoundError`` when the file is not there)."""
+        if item is not None:
+            return restore(location, None, item=item)
+        kv = open_kvstore(location, read_only=True)
+        doc = read_json(kv, self.filename)
+        if doc is None:
+            raise FileNotFoundError(f"{kv.url.rstrip('/')}/{self.filename} does not exist.")
+        return doc
 
     def to_native(self, args: args_lib.CheckpointArgs) -> NativeItem:
         """A :class:`JsonItem`."""
         if not isinstance(args, args_lib.JsonSave):
             raise TypeError(f"JsonCheckpointHandler saves JsonSave, not {type(args).__name__}")
         return NativeItem(JsonItem(args.item, filename=self.filename))
+
+
+class _HandleFuture:
+    """A background save as Orbax's futures look: ``result()`` waits and re-raises."""
+
+    def __init__(self, handle: SaveHandle):
+        self._handle = handle
+
+    def result(self, timeout: float | None = None) -> None:
+        """Wait for the save."""
+        self._handle.wait(timeout)
 
 
 def handler_for_args(a: Any) -> CheckpointHandler:
@@ -232,6 +304,10 @@ class CompositeCheckpointHandler(CheckpointHandler):
 
     def __init__(self, *item_names: str, composite_options: Any = None, handler_registry: Any = None,
                  **items_and_handlers: CheckpointHandler):
+        for name, h in items_and_handlers.items():
+            refuse_orbax_object(h, f"the handler of item {name!r}")
+        if handler_registry is not None:
+            refuse_orbax_object(handler_registry, "handler_registry")
         self.handlers: dict[str, CheckpointHandler | None] = {n: None for n in item_names}
         self.handlers.update(items_and_handlers)
 

@@ -30,6 +30,7 @@ from ocdbt_py.orbax import args as args_lib
 from ocdbt_py.orbax import preservation as pp
 from ocdbt_py.orbax import save_decision as sdp
 from ocdbt_py.orbax import utils
+from ocdbt_py.orbax._foreign import refuse_orbax_object
 from ocdbt_py.orbax.handlers import CheckpointHandler, CompositeCheckpointHandler
 from ocdbt_py.orbax.metadata import (
     RootMetadata,
@@ -39,6 +40,7 @@ from ocdbt_py.orbax.metadata import (
     write_root_metadata,
 )
 from ocdbt_py.orbax.options import AsyncOptions, FileOptions, MultiprocessingOptions
+from ocdbt_py.orbax.path.step import native_format
 
 __all__ = ["CheckpointManager", "CheckpointManagerOptions", "CheckpointInfo", "StepAlreadyExistsError",
            "DEFAULT_ITEM_NAME", "METRIC_ITEM_NAME"]
@@ -113,6 +115,13 @@ class CheckpointManagerOptions:
             self.save_on_steps = None
             self.todelete_subdir = self.todelete_full_path = None
             self.should_save_fn = None
+        fmt_broadcast = bool(getattr(self.step_name_format, "single_host_load_and_broadcast", False))
+        if self.single_host_load_and_broadcast and self.step_name_format is not None and not fmt_broadcast:
+            raise ValueError("`CheckpointManagerOptions.single_host_load_and_broadcast=True` requires "
+                             "`step_name_format.single_host_load_and_broadcast` to be True.")
+        if fmt_broadcast and not self.single_host_load_and_broadcast:
+            raise ValueError("`step_name_format.single_host_load_and_broadcast=True` but "
+                             "`CheckpointManagerOptions.single_host_load_and_broadcast=False`.")
         if self.todelete_full_path is not None:
             raise UnsupportedError("todelete_full_path (a GCS bucket-relative trash path) is not supported; "
                                    "use todelete_subdir")
@@ -158,6 +167,20 @@ def default_preservation_policy(o: CheckpointManagerOptions) -> pp.PreservationP
     return pp.AnyPreservationPolicy(policies)
 
 
+def _create_root(directory: str | os.PathLike[str], o: CheckpointManagerOptions) -> None:
+    """``create=True``: the primary host makes a missing local root (object stores need none)."""
+    if o.multiprocessing_options.active_processes is not None:
+        raise NotImplementedError("Option `create=True` with `active_processes` set is not supported. Please create "
+                                  "the root directory yourself.")
+    path = os.fspath(directory)
+    if "://" in path and not path.startswith("file://"):
+        return
+    local = pathlib.Path(path.removeprefix("file://"))
+    if not local.exists() and utils.is_primary_host(o.multiprocessing_options.primary_host):
+        mode = o.file_options.path_permission_mode if o.file_options else None
+        local.mkdir(parents=True, exist_ok=True, **({"mode": mode} if mode is not None else {}))
+
+
 def _utc(seconds: float) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
 
@@ -181,8 +204,18 @@ class CheckpointManager:
         if checkpointers is not None:
             raise UnsupportedError("the legacy `checkpointers` argument is not supported; use item_names/item_handlers "
                                    "and args=")
+        for what, obj in (("logger", logger), ("handler_registry", handler_registry), ("options", options)):
+            if obj is not None:
+                refuse_orbax_object(obj, what)
+        if isinstance(item_handlers, Mapping):
+            for name, h in item_handlers.items():
+                refuse_orbax_object(h, f"item_handlers[{name!r}]")
+        elif item_handlers is not None:
+            refuse_orbax_object(item_handlers, "item_handlers")
         self._options = o = options or CheckpointManagerOptions()
         fmt = self._name_format(o)
+        if o.create and not o.read_only and isinstance(directory, (str, os.PathLike)):
+            _create_root(directory, o)
         self._native = NativeManager(directory, save_policy=SpecificSteps(()), preservation=None,
                                      async_save=o.enable_async_checkpointing, step_name_format=fmt,
                                      storage_options=storage_options, cleanup=o.cleanup_tmp_directories,
@@ -215,10 +248,7 @@ class CheckpointManager:
     def _name_format(o: CheckpointManagerOptions) -> StepNameFormat:
         if o.step_name_format is None:
             return StepNameFormat(o.step_prefix, o.step_format_fixed_length)
-        if isinstance(o.step_name_format, StepNameFormat):
-            return o.step_name_format
-        raise UnsupportedError("Orbax NameFormat objects are not supported; use step_prefix/step_format_fixed_length "
-                               "or ocdbt_py.checkpoint.manager.StepNameFormat")
+        return native_format(o.step_name_format)
 
     # ---- queries --------------------------------------------------------------------------
 
@@ -307,6 +337,7 @@ class CheckpointManager:
     # ---- saving ---------------------------------------------------------------------------
 
     def _composite_args(self, args: Any) -> args_lib.Composite:
+        refuse_orbax_object(args, "args")
         if not isinstance(args, args_lib.CheckpointArgs):
             raise ValueError(f"Expected args of type `CheckpointArgs`; found {type(args)}.")
         if self._default is None:

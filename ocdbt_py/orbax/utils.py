@@ -1,63 +1,35 @@
 """``ocp.utils``: the helpers scripts call (``to_shape_dtype_struct``, step listings,
-process helpers)."""
+process helpers, ``fully_replicated_host_local_array_to_global_array``)."""
 
 from __future__ import annotations
 
-import os
-import re
 import sys
 from typing import Any
 
-from ocdbt_py.checkpoint.layout import COMMIT_MARKER
-from ocdbt_py.checkpoint.meta import list_steps
-from ocdbt_py.kvstore import open_kvstore
+import numpy as np
+
+from ocdbt_py.orbax.path.step import (
+    TMP_DIR_SUFFIX,
+    all_temporary_paths,
+    any_checkpoint_step,
+    checkpoint_steps,
+    checkpoint_steps_paths,
+    get_save_directory,
+    is_path_finalized,
+    is_path_temporary,
+    step_from_checkpoint_name,
+)
 from ocdbt_py.orbax.tree import from_flat_dict, to_flat_dict, to_shape_dtype_struct
 
 __all__ = ["to_shape_dtype_struct", "to_flat_dict", "from_flat_dict", "checkpoint_steps", "checkpoint_steps_paths",
            "any_checkpoint_step", "step_from_checkpoint_name", "is_checkpoint_finalized", "is_tmp_checkpoint",
-           "is_primary_host", "reached_preemption", "sync_global_processes", "TMP_DIR_SUFFIX"]
+           "tmp_checkpoints", "get_save_directory", "is_primary_host", "reached_preemption", "sync_global_processes",
+           "sync_global_devices", "is_pathways_backend", "is_scalar",
+           "fully_replicated_host_local_array_to_global_array", "TMP_DIR_SUFFIX"]
 
-TMP_DIR_SUFFIX = ".orbax-checkpoint-tmp"
-
-
-def checkpoint_steps(checkpoint_dir: str | os.PathLike[str], single_host_load_and_broadcast: bool = False) -> list[int]:
-    """The finalized steps under a manager root, oldest first."""
-    return [s.step for s in list_steps(checkpoint_dir)]
-
-
-def checkpoint_steps_paths(checkpoint_dir: str | os.PathLike[str]) -> list[str]:
-    """The finalized step directories under a manager root."""
-    root = os.fspath(checkpoint_dir).rstrip("/")
-    return [f"{root}/{s.name}" for s in list_steps(checkpoint_dir)]
-
-
-def any_checkpoint_step(checkpoint_dir: str | os.PathLike[str]) -> int | None:
-    """Some finalized step, or ``None``."""
-    steps = checkpoint_steps(checkpoint_dir)
-    return steps[-1] if steps else None
-
-
-def step_from_checkpoint_name(name: str) -> int:
-    """The step of a step directory name (``42``, ``ckpt_42``, ``000042``)."""
-    if name.isdigit():
-        return int(name)
-    m = re.fullmatch(r"(.+)_(\d+)", name)
-    if m is None:
-        raise ValueError(f"Unrecognized name format: {name}.")
-    return int(m.group(2))
-
-
-def is_tmp_checkpoint(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is a temporary (unfinished) checkpoint directory."""
-    return TMP_DIR_SUFFIX in os.path.basename(os.fspath(path).rstrip("/"))
-
-
-def is_checkpoint_finalized(path: str | os.PathLike[str]) -> bool:
-    """Whether the checkpoint at ``path`` is committed."""
-    if is_tmp_checkpoint(path):
-        return False
-    kv = open_kvstore(path, read_only=True)
-    return kv.exists(COMMIT_MARKER) or kv.exists("_CHECKPOINT_METADATA")
+is_checkpoint_finalized = is_path_finalized
+is_tmp_checkpoint = is_path_temporary
+tmp_checkpoints = all_temporary_paths
 
 
 def is_primary_host(primary_host: int | None = 0) -> bool:
@@ -95,3 +67,36 @@ def sync_global_processes(name: str, *args: Any, **kwargs: Any) -> None:
     from jax.experimental import multihost_utils  # JAX's barrier
 
     multihost_utils.sync_global_devices(name)
+
+
+sync_global_devices = sync_global_processes
+
+
+def is_pathways_backend() -> bool:
+    """Whether JAX runs on Pathways (native or proxy); ``False`` without JAX loaded."""
+    if "jax" not in sys.modules:
+        return False
+    import jax  # loaded already (checked above)
+
+    client = jax.devices()[0].client
+    return hasattr(client, "pathways") or getattr(client, "runtime_type", "") in ("pathways", "proxy/pathways")
+
+
+def is_scalar(x: Any) -> bool:
+    """Whether ``x`` is a Python or NumPy number (as Orbax decides what is a scalar leaf)."""
+    return isinstance(x, (int, float, np.number))
+
+
+def fully_replicated_host_local_array_to_global_array(arr: Any) -> Any:
+    """A global ``jax.Array`` from a fully replicated host-local one (e.g. from ``pmap``),
+    replicated over all devices on a 1-D mesh; a leading per-device axis is dropped."""
+    import jax  # the argument is a jax.Array: JAX is loaded
+
+    global_shape = arr.addressable_data(0).shape
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), axis_names=("x",))
+    spec = jax.sharding.PartitionSpec(None) if global_shape else jax.sharding.PartitionSpec()
+    buffers = sorted((s.data for s in arr.addressable_shards), key=lambda d: next(iter(d.devices())).id)
+    if global_shape != arr.shape:
+        buffers = [b[0] for b in buffers]
+        global_shape = global_shape[1:]
+    return jax.make_array_from_single_device_arrays(global_shape, jax.sharding.NamedSharding(mesh, spec), buffers)

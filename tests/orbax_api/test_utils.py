@@ -20,7 +20,7 @@ def _save_steps(root, steps) -> None:
 def test_step_helpers(tmp_path) -> None:
     _save_steps(tmp_path / "r", [1, 5])
     assert ocp.utils.checkpoint_steps(tmp_path / "r") == [1, 5]
-    assert [p.rsplit("/", 1)[1] for p in ocp.utils.checkpoint_steps_paths(tmp_path / "r")] == ["ckpt_1", "ckpt_5"]
+    assert [p.name for p in ocp.utils.checkpoint_steps_paths(tmp_path / "r")] == ["ckpt_1", "ckpt_5"]
     assert ocp.utils.any_checkpoint_step(tmp_path / "r") in (1, 5)
     assert ocp.utils.step_from_checkpoint_name("ckpt_0042") == 42
     assert ocp.utils.is_checkpoint_finalized(tmp_path / "r" / "ckpt_5")

@@ -1,0 +1,74 @@
+"""Names and behaviours Orbax's own tests and real training code need (issue 33's gaps):
+``ocp.step``/``ocp.path``, the ``utils`` helpers, a bare JSON handler, ``create=True``, and the
+clear refusal of orbax-checkpoint's own objects."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+import ocdbt_py.orbax as ocp
+from ocdbt_py.orbax._foreign import ForeignOrbaxObjectError
+
+
+def test_utils_helpers() -> None:
+    assert ocp.utils.is_pathways_backend() is False
+    assert ocp.utils.is_scalar(3) and ocp.utils.is_scalar(np.float32(1)) and not ocp.utils.is_scalar("3")
+    assert str(ocp.utils.get_save_directory(7, "/r", name="state", step_prefix="ckpt",
+                                            step_format_fixed_length=3)) == "/r/ckpt_007/state"
+
+
+def test_standard_name_format_drives_the_manager(tmp_path) -> None:
+    fmt = ocp.step.standard_name_format(step_prefix="ckpt", step_format_fixed_length=4)
+    assert fmt == ocp.path.step.standard_name_format(step_prefix="ckpt", step_format_fixed_length=4)
+    mngr = ocp.CheckpointManager(tmp_path / "r", options=ocp.CheckpointManagerOptions(step_name_format=fmt))
+    mngr.save(3, args=ocp.args.StandardSave({"x": np.arange(3)}))
+    mngr.close()
+    assert (tmp_path / "r" / "ckpt_0003").is_dir()
+    assert [(m.step, m.path.name) for m in fmt.find_all(tmp_path / "r")] == [(3, "ckpt_0003")]
+    assert fmt.find_step(tmp_path / "r", 3).path == tmp_path / "r" / "ckpt_0003"
+    with pytest.raises(ValueError):
+        fmt.find_step(tmp_path / "r", 4)
+    with pytest.raises(ValueError):  # as Orbax: the two broadcast settings must agree
+        ocp.CheckpointManagerOptions(single_host_load_and_broadcast=True, step_name_format=fmt)
+    assert ocp.path.atomicity.COMMIT_SUCCESS_FILE == "commit_success.txt"
+    assert issubclass(ocp.path.atomicity.CommitFileTemporaryPath, ocp.path.atomicity.TemporaryPath)
+
+
+def test_create_makes_the_root(tmp_path) -> None:
+    root = tmp_path / "a" / "b"
+    ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(create=True)).close()
+    assert root.is_dir()
+    ocp.CheckpointManager(tmp_path / "c", options=ocp.CheckpointManagerOptions(create=False)).close()
+    assert not (tmp_path / "c").exists()
+
+
+def test_bare_json_handler(tmp_path) -> None:
+    h = ocp.JsonCheckpointHandler(filename="file")
+    h.save(tmp_path, args=ocp.args.JsonSave({"a": 1, "b": [2.5, "x"]}))
+    assert json.loads((tmp_path / "file").read_text()) == {"a": 1, "b": [2.5, "x"]}
+    assert h.restore(tmp_path) == {"a": 1, "b": [2.5, "x"]}
+
+    async def later() -> None:
+        for f in await h.async_save(tmp_path / "d", args=ocp.args.JsonSave({"c": 3})):
+            f.result()
+
+    asyncio.run(later())
+    assert h.restore(tmp_path / "d") == {"c": 3}
+    with pytest.raises(FileNotFoundError):
+        ocp.JsonCheckpointHandler().restore(tmp_path)
+    ckptr = ocp.Checkpointer(ocp.JsonCheckpointHandler())
+    ckptr.save(tmp_path / "ck", args=ocp.args.JsonSave({"lr": 0.1}))
+    assert ckptr.restore(tmp_path / "ck") == {"lr": 0.1}
+
+
+def test_orbax_objects_are_refused_by_name(tmp_path) -> None:
+    orbax = pytest.importorskip("orbax.checkpoint")
+    marker = r"\[orbax-internal: orbax\.checkpoint\..*StandardCheckpointHandler\]"
+    with pytest.raises(ForeignOrbaxObjectError, match=marker):
+        ocp.CheckpointManager(tmp_path, item_handlers=orbax.StandardCheckpointHandler())
+    with pytest.raises(TypeError):  # still a TypeError for existing except clauses
+        ocp.Checkpointer(orbax.PyTreeCheckpointHandler())
