@@ -17,6 +17,8 @@ torch) are imported only by the functions that need them.  The bridges sit above
 * :mod:`ocdbt_py.bridges.fsspec_ocdbt`: ``fsspec.open("ocdbt://key::file:///db")``.
 * :mod:`ocdbt_py.bridges.dask_arrays`: :func:`to_dask` (and ``zarr3.Array.to_dask``).
 * :mod:`ocdbt_py.bridges.torch_tensors`: :func:`to_torch`.
+* :mod:`ocdbt_py.bridges.zarr_store`: :class:`OcdbtZarrStore`, a zarr-python 3 store
+  (needs the ``[zarr]`` extra).
 """
 
 from __future__ import annotations
@@ -29,14 +31,16 @@ if TYPE_CHECKING:
     from ocdbt_py.bridges.safetensors_export import export_safetensors
     from ocdbt_py.bridges.safetensors_import import import_safetensors
     from ocdbt_py.bridges.torch_tensors import to_torch
+    from ocdbt_py.bridges.zarr_store import OcdbtZarrStore
 
-__all__ = ["export_safetensors", "import_safetensors", "to_dask", "to_torch"]
+__all__ = ["export_safetensors", "import_safetensors", "to_dask", "to_torch", "OcdbtZarrStore"]
 
 _WHERE = {
     "export_safetensors": "ocdbt_py.bridges.safetensors_export",
     "import_safetensors": "ocdbt_py.bridges.safetensors_import",
     "to_dask": "ocdbt_py.bridges.dask_arrays",
     "to_torch": "ocdbt_py.bridges.torch_tensors",
+    "OcdbtZarrStore": "ocdbt_py.bridges.zarr_store",
 }
 
 
