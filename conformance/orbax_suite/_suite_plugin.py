@@ -18,7 +18,7 @@ import _dropin
 
 _records: dict[str, dict[str, Any]] = {}
 _collect_errors: list[dict[str, str]] = []
-_FOREIGN = re.compile(r"ForeignOrbaxObjectError: .*?\[orbax-internal: ([\w.]+)\]")
+_FOREIGN = re.compile(r"\[orbax-internal: ([\w.]+)\]")
 
 
 def pytest_configure(config: Any) -> None:
@@ -55,8 +55,10 @@ def pytest_runtest_logreport(report: Any) -> None:
     if report.failed and rec["outcome"] != "failed":
         rec["outcome"] = "failed"
         text = report.longreprtext or ""
-        m = _FOREIGN.search(text)
-        if m:
+        m = _FOREIGN.search(text) if "ForeignOrbaxObjectError" in text else None
+        if m and m.group(1) in _dropin.MISSING_PUBLIC:
+            rec["missing_public"] = _dropin.MISSING_PUBLIC[m.group(1)]
+        elif m:
             rec["internal"] = m.group(1)
         lines = [ln for ln in text.splitlines() if ln.startswith("E ")]
         rec["error"] = "\n".join(lines[-6:])[-1500:] or text[-1500:]

@@ -193,7 +193,8 @@ def count(baseline: dict[str, Any], dropin: dict[str, Any]) -> dict[str, Any]:
         elif r.get("internal"):
             out[n] = r["internal"]
         else:
-            failing[n] = r["error"] or r["outcome"]
+            need = f"needs public name {r['missing_public']}: " if r.get("missing_public") else ""
+            failing[n] = need + (r["error"] or r["outcome"])
     return {"collected": len(baseline["tests"]), "baseline": len(passed), "out": out,
             "counted": len(passed) - len(out), "passing": ok, "failing": failing,
             "seconds": {"baseline": baseline.get("seconds"), "dropin": dropin.get("seconds")}}

@@ -12,11 +12,14 @@ attribute).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 __all__ = [
     "CheckpointArgs",
+    "register_with_handler",
+    "get_registered_handler_cls",
+    "get_registered_args_cls",
     "StandardSave",
     "StandardRestore",
     "PyTreeSave",
@@ -29,6 +32,48 @@ __all__ = [
 
 class CheckpointArgs:
     """Base class of every save/restore argument object."""
+
+
+# argument class -> (handler class, for save, for restore), in registration order
+_registry: dict[type, tuple[type, bool, bool]] = {}
+
+
+def register_with_handler(handler_cls: type, for_save: bool = False,
+                          for_restore: bool = False) -> Callable[[type], type]:
+    """Class decorator: argument class ``cls`` is saved (``for_save``) and/or restored
+    (``for_restore``) by ``handler_cls``, so a ``CheckpointManager`` or ``Composite`` item given
+    a ``cls`` instance without a handler uses ``handler_cls()``."""
+    if not for_save and not for_restore:
+        raise ValueError("at least one of for_save and for_restore must be True")
+
+    def decorator(cls: type) -> type:
+        if not (isinstance(cls, type) and issubclass(cls, CheckpointArgs)):
+            raise TypeError(f"{cls} must subclass `CheckpointArgs` in order to be registered.")
+        _registry[cls] = (handler_cls, for_save, for_restore)
+        return cls
+
+    return decorator
+
+
+def get_registered_handler_cls(args: CheckpointArgs | type) -> type:
+    """The handler class registered for an argument class (or instance)."""
+    cls = args if isinstance(args, type) else type(args)
+    for c in cls.__mro__:
+        if c in _registry:
+            return _registry[c][0]
+    raise ValueError(f"No registered handler for {cls}.")
+
+
+def get_registered_args_cls(handler: Any) -> tuple[type, type]:
+    """``(save argument class, restore argument class)`` first registered for ``handler`` (a
+    handler class or instance); ``ValueError`` unless both are registered."""
+    hcls = handler if isinstance(handler, type) else type(handler)
+    save_cls = next((a for a, (h, s, _) in _registry.items() if h is hcls and s), None)
+    restore_cls = next((a for a, (h, _, r) in _registry.items() if h is hcls and r), None)
+    if save_cls is None or restore_cls is None:
+        raise ValueError(f"No registered save and restore argument classes for {hcls} "
+                         f"(save: {save_cls}, restore: {restore_cls}).")
+    return save_cls, restore_cls
 
 
 @dataclasses.dataclass

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import pathlib
+import shutil
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -22,9 +24,9 @@ from ocdbt_py.checkpoint.jsonio import read_json
 from ocdbt_py.checkpoint.layout import STEP_METADATA
 from ocdbt_py.checkpoint.meta import metadata
 from ocdbt_py.checkpoint.pytree import flatten_with_names
-from ocdbt_py.checkpoint.restore.api import restore
+from ocdbt_py.checkpoint.restore.api import resolve, restore
 from ocdbt_py.checkpoint.saving import async_save
-from ocdbt_py.checkpoint.saving.api import JsonItem, SaveHandle, save
+from ocdbt_py.checkpoint.saving.api import FilesItem, JsonItem, SaveHandle, save
 from ocdbt_py.checkpoint.saving.layout_writer import checkpoint_metadata, json_item
 from ocdbt_py.errors import UnsupportedError
 from ocdbt_py.kvstore import open_kvstore
@@ -75,23 +77,92 @@ class NativeItem:
         self.chunk_sizes = dict(chunk_sizes or {})
 
 
+def _local_dir(location: Location, item: str | None) -> pathlib.Path:
+    """The local directory of ``location`` (and of its item ``item``)."""
+    if isinstance(location, KvStore):
+        path = location.local_path(item or "")
+        if path is None:
+            raise UnsupportedError(f"a custom handler's item needs a local directory, not {location.url}")
+        return pathlib.Path(path)
+    base = os.fspath(location)
+    if "://" in base and not base.startswith("file://"):
+        raise UnsupportedError(f"a custom handler's item needs a local directory, not {base}")
+    p = pathlib.Path(base.removeprefix("file://"))
+    return p / item if item else p
+
+
 class CheckpointHandler:
-    """Base of the handlers: ``save_args``/``restore_args`` are its argument classes."""
+    """Base of the handlers: ``save_args``/``restore_args`` are its argument classes.
+
+    A subclass that implements Orbax's handler protocol itself -- ``save(directory, args)``
+    (or ``async_save``) writing files into an item directory, ``restore(directory, args)``
+    reading them, optionally ``metadata(directory)`` -- is a *custom* handler: the manager
+    and ``CompositeCheckpointHandler`` call it with the item's directory inside the step
+    (local directories only), as Orbax does.  Register its argument classes with
+    ``ocp.args.register_with_handler``.
+    """
 
     save_args: type[args_lib.CheckpointArgs] = args_lib.CheckpointArgs
     restore_args: type[args_lib.CheckpointArgs] = args_lib.CheckpointArgs
+    _builtin = False
+
+    @classmethod
+    def typestr(cls) -> str:
+        """The handler's type name, as recorded in ``_CHECKPOINT_METADATA``."""
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    def _custom(self) -> bool:
+        return type(self) is not CheckpointHandler and not self._builtin
+
+    def _overrides(self, name: str) -> bool:
+        return getattr(type(self), name) is not getattr(CheckpointHandler, name)
+
+    def _write_custom(self, directory: pathlib.Path, args: Any) -> None:
+        """Run the custom handler's own save into ``directory``."""
+        if self._overrides("save"):
+            self.save(directory, args=args)
+        elif self._overrides("async_save"):
+            async def run() -> Any:
+                return await self.async_save(directory, args=args)
+
+            for f in asyncio.run(run()) or []:
+                f.result()
+        else:
+            raise NotImplementedError(f"{type(self).__name__} implements neither save nor async_save")
 
     def to_native(self, args: args_lib.CheckpointArgs) -> NativeItem:
         """The native form of ``args`` (a save argument of this handler)."""
+        if not self._custom():
+            raise NotImplementedError
+        return NativeItem(FilesItem(lambda d: self._write_custom(pathlib.Path(d), args), handler=self.typestr()))
+
+    async def async_save(self, directory: Location, args: args_lib.CheckpointArgs | None = None) -> list[Any] | None:
+        """Orbax's asynchronous save (overridden by asynchronous custom handlers)."""
         raise NotImplementedError
 
     def restore_from(self, location: Location, args: args_lib.CheckpointArgs | None, item: str | None = None) -> Any:
         """Restore the item at ``location`` (a step directory when ``item`` names one of its items)."""
+        if self._custom() and self._overrides("restore"):
+            return self.restore(_local_dir(location, item), args=args)
         return restore(location, None, item=item)
 
     def start_save(self, directory: Location, args: args_lib.CheckpointArgs, *, force: bool,
                    custom_metadata: dict[str, Any] | None, blocking: bool) -> SaveHandle:
         """Start writing ``args`` as the checkpoint at ``directory`` (one item)."""
+        if self._custom():
+            path = _local_dir(directory, None)
+
+            def work() -> None:
+                if force and path.exists():
+                    shutil.rmtree(path)
+                path.mkdir(parents=True, exist_ok=True)
+                init = time.time_ns()
+                self._write_custom(path, args)
+                (path / STEP_METADATA).write_bytes(checkpoint_metadata(self.typestr(), init_ns=init,
+                                                                       commit_ns=time.time_ns(),
+                                                                       custom_metadata=custom_metadata))
+
+            return async_save.start(str(path), work, blocking=True, started=time.perf_counter())
         native = self.to_native(args)
         options = dict(native.options)
         options["handler"] = native.kind
@@ -112,6 +183,12 @@ class CheckpointHandler:
         """The stored tree's metadata (shapes, dtypes), reading no array data."""
         return metadata(directory)
 
+    def item_metadata(self, location: Location, item: str | None) -> Any:
+        """An item's metadata: a custom handler's own ``metadata`` (``None`` without one)."""
+        if self._custom():
+            return self.metadata(_local_dir(location, item)) if self._overrides("metadata") else None
+        return metadata(location, item=item) if item is not None else metadata(location)
+
     def finalize(self, directory: Location) -> None:
         """Nothing to do: the native save commits atomically."""
 
@@ -128,6 +205,7 @@ class PyTreeCheckpointHandler(CheckpointHandler):
     save_args: type[args_lib.CheckpointArgs] = args_lib.PyTreeSave
     restore_args: type[args_lib.CheckpointArgs] = args_lib.PyTreeRestore
     kind = "pytree"
+    _builtin = True
 
     def __init__(self, aggregate_filename: str | None = None, *, use_ocdbt: bool = True, use_zarr3: bool = False,
                  use_compression: bool = True, **ignored: Any):
@@ -211,6 +289,7 @@ class JsonCheckpointHandler(CheckpointHandler):
 
     save_args = args_lib.JsonSave
     restore_args = args_lib.JsonRestore
+    _builtin = True
 
     def __init__(self, filename: str | None = None, primary_host: int | None = 0, **ignored: Any):
         self.filename = filename or "metadata"
@@ -285,15 +364,27 @@ class _HandleFuture:
         self._handle.wait(timeout)
 
 
+def _register_builtin() -> None:
+    """Orbax's registrations of its own argument classes."""
+    for handler, save_cls, restore_cls in ((StandardCheckpointHandler, args_lib.StandardSave, args_lib.StandardRestore),
+                                           (PyTreeCheckpointHandler, args_lib.PyTreeSave, args_lib.PyTreeRestore),
+                                           (JsonCheckpointHandler, args_lib.JsonSave, args_lib.JsonRestore)):
+        args_lib.register_with_handler(handler, for_save=True)(save_cls)
+        args_lib.register_with_handler(handler, for_restore=True)(restore_cls)
+
+
+_register_builtin()
+
+
 def handler_for_args(a: Any) -> CheckpointHandler:
-    """The handler Orbax registers for an argument class (for items without a handler)."""
-    if isinstance(a, (args_lib.StandardSave, args_lib.StandardRestore)):
-        return StandardCheckpointHandler()
-    if isinstance(a, (args_lib.PyTreeSave, args_lib.PyTreeRestore)):
-        return PyTreeCheckpointHandler()
-    if isinstance(a, (args_lib.JsonSave, args_lib.JsonRestore)):
-        return JsonCheckpointHandler()
-    raise UnsupportedError(f"ocdbt_py.orbax has no handler for {type(a).__name__}")
+    """A new handler of the class registered for an argument (for items without a handler)."""
+    try:
+        cls = args_lib.get_registered_handler_cls(a)
+    except ValueError:
+        raise UnsupportedError(f"ocdbt_py.orbax has no handler for {type(a).__name__} (register one with "
+                               "ocp.args.register_with_handler)") from None
+    handler: CheckpointHandler = cls()
+    return handler
 
 
 class CompositeCheckpointHandler(CheckpointHandler):
@@ -301,6 +392,7 @@ class CompositeCheckpointHandler(CheckpointHandler):
 
     save_args = args_lib.Composite
     restore_args = args_lib.Composite
+    _builtin = True
 
     def __init__(self, *item_names: str, composite_options: Any = None, handler_registry: Any = None,
                  **items_and_handlers: CheckpointHandler):
@@ -356,6 +448,23 @@ class CompositeCheckpointHandler(CheckpointHandler):
         if sizes:
             options["leaf_chunk_byte_sizes"] = sizes
         return items, options
+
+    def restore(self, directory: Location, args: args_lib.CheckpointArgs | None = None) -> args_lib.Composite:
+        """The items of the step at ``directory`` named by ``args`` (all without), as a
+        ``Composite``."""
+        if args is not None and not isinstance(args, args_lib.Composite):
+            raise TypeError(f"a composite restore takes ocp.args.Composite, not {type(args).__name__}")
+        available = [n for n in resolve(directory).items() if n != "metrics"]
+        return self.restore_items(directory, args, available)
+
+    def metadata(self, directory: Location) -> args_lib.Composite:
+        """Each item's metadata (``None`` for items whose handler keeps none), as a ``Composite``."""
+        available = [n for n in resolve(directory).items() if n != "metrics"]
+        out = {}
+        for name in available:
+            h = self.handlers.get(name)
+            out[name] = h.item_metadata(directory, name) if h is not None else metadata(directory, item=name)
+        return args_lib.Composite(**out)
 
     def restore_items(self, location: Location, args: args_lib.Composite | None,
                       available: list[str]) -> args_lib.Composite:

@@ -31,6 +31,7 @@ from ocdbt_py.orbax import preservation as pp
 from ocdbt_py.orbax import save_decision as sdp
 from ocdbt_py.orbax import utils
 from ocdbt_py.orbax._foreign import refuse_orbax_object
+from ocdbt_py.orbax.checkpointers import Checkpointer
 from ocdbt_py.orbax.handlers import CheckpointHandler, CompositeCheckpointHandler
 from ocdbt_py.orbax.metadata import (
     RootMetadata,
@@ -201,9 +202,6 @@ class CheckpointManager:
                  item_handlers: CheckpointHandler | Mapping[str, CheckpointHandler] | None = None,
                  logger: Any = None, handler_registry: Any = None, *,
                  storage_options: dict[str, Any] | None = None):
-        if checkpointers is not None:
-            raise UnsupportedError("the legacy `checkpointers` argument is not supported; use item_names/item_handlers "
-                                   "and args=")
         for what, obj in (("logger", logger), ("handler_registry", handler_registry), ("options", options)):
             if obj is not None:
                 refuse_orbax_object(obj, what)
@@ -222,6 +220,26 @@ class CheckpointManager:
                                      read_only=o.read_only)
         self._default: bool | None = None
         handlers: dict[str, CheckpointHandler] = {}
+        self._legacy = checkpointers is not None
+        if checkpointers is not None:  # Orbax's older form: a Checkpointer, or item name -> Checkpointer
+            if item_names is not None or item_handlers is not None:
+                raise ValueError("`checkpointers` cannot be combined with `item_names` or `item_handlers`.")
+            if isinstance(checkpointers, Mapping):
+                self._default = False
+                for name, ckptr in checkpointers.items():
+                    refuse_orbax_object(ckptr, f"checkpointers[{name!r}]")
+                    if not isinstance(ckptr, Checkpointer):
+                        raise ValueError(f"Value corresponding to {name} in `checkpointers` is not a Checkpointer. "
+                                         f"Found {type(ckptr)}.")
+                    if name == METRIC_ITEM_NAME:
+                        raise ValueError(f"Found {name} in `checkpointers`; this is a reserved key.")
+                    handlers[name] = ckptr.handler
+            else:
+                refuse_orbax_object(checkpointers, "checkpointers")
+                if not isinstance(checkpointers, Checkpointer):
+                    raise ValueError(f"Invalid type for `checkpointers`. Found {checkpointers}.")
+                self._default = True
+                handlers[DEFAULT_ITEM_NAME] = checkpointers.handler
         if item_names is not None:
             self._default = False
         if isinstance(item_handlers, CheckpointHandler):
@@ -352,12 +370,31 @@ class CheckpointManager:
                              "objects.")
         return args
 
+    def _legacy_args(self, items: Any, kwargs: Any, *, for_save: bool) -> args_lib.CheckpointArgs:
+        """Orbax's older ``items``/``save_kwargs``/``restore_kwargs`` as ``args``: each item's
+        argument class is the one registered for its handler."""
+        def one(name: str, item: Any, extra: Any) -> Any:
+            handler = self._handler.handlers.get(name)
+            if handler is None:
+                raise ValueError(f"No handler for item {name!r}: pass `checkpointers` or `item_handlers`.")
+            save_cls, restore_cls = args_lib.get_registered_args_cls(handler)
+            return (save_cls if for_save else restore_cls)(item, **(extra or {}))
+
+        if self._default is None:
+            self._default = DEFAULT_ITEM_NAME in self._handler.handlers
+        if self._default:
+            return one(DEFAULT_ITEM_NAME, items, kwargs)  # type: ignore[no-any-return]
+        items = dict(items or {})
+        kwargs = dict(kwargs or {})
+        names = list(items) + [k for k in kwargs if k not in items]
+        return args_lib.Composite(**{n: one(n, items.get(n), kwargs.get(n)) for n in names})
+
     def save(self, step: int, items: Any = None, save_kwargs: Any = None, metrics: Any = None,
              force: bool | None = False, args: args_lib.CheckpointArgs | None = None,
              custom_metadata: dict[str, Any] | None = None) -> bool:
         """Save ``args`` as ``step`` if the save decision policy says so (or ``force``)."""
-        if items is not None or save_kwargs is not None:
-            raise UnsupportedError("the legacy `items`/`save_kwargs` arguments are not supported; use args=")
+        if args is None and items is not None:
+            args = self._legacy_args(items, save_kwargs, for_save=True)
         if args is None:
             raise ValueError("Must provide `args` for `save`.")
         cargs = self._composite_args(args)
@@ -495,8 +532,6 @@ class CheckpointManager:
                 directory: Any = None, args: args_lib.CheckpointArgs | None = None) -> Any:
         """Restore ``step`` (``None``: the latest); a single item in default mode, else a
         ``Composite`` by item name."""
-        if items is not None or restore_kwargs is not None:
-            raise UnsupportedError("the legacy `items`/`restore_kwargs` arguments are not supported; use args=")
         if step is None:
             if directory is None:
                 step = self.latest_step()
@@ -509,6 +544,8 @@ class CheckpointManager:
         available = self._available(location)
         if self._default is None:
             self._default = DEFAULT_ITEM_NAME in available and not isinstance(args, args_lib.Composite)
+        if args is None and (items is not None or restore_kwargs is not None):
+            args = self._legacy_args(items, restore_kwargs, for_save=False)
         cargs = None if args is None else self._composite_args(args)
         if cargs is None and self._default:
             cargs = args_lib.Composite(**{DEFAULT_ITEM_NAME: None})

@@ -72,3 +72,68 @@ def test_orbax_objects_are_refused_by_name(tmp_path) -> None:
         ocp.CheckpointManager(tmp_path, item_handlers=orbax.StandardCheckpointHandler())
     with pytest.raises(TypeError):  # still a TypeError for existing except clauses
         ocp.Checkpointer(orbax.PyTreeCheckpointHandler())
+
+
+class _IterHandler(ocp.CheckpointHandler):
+    """A custom handler in Orbax's style (MaxText's data-iterator handler is one)."""
+
+    def save(self, directory, args):
+        (directory / "it.json").write_text(json.dumps(args.state))
+
+    def restore(self, directory, args=None):
+        return json.loads((directory / "it.json").read_text())
+
+
+@ocp.args.register_with_handler(_IterHandler, for_save=True)
+class _IterSave(ocp.args.CheckpointArgs):
+    def __init__(self, state):
+        self.state = state
+
+
+@ocp.args.register_with_handler(_IterHandler, for_restore=True)
+class _IterRestore(ocp.args.CheckpointArgs):
+    def __init__(self, state=None):
+        self.state = state
+
+
+def test_handler_registry_and_custom_handler_items(tmp_path) -> None:
+    assert ocp.args.get_registered_handler_cls(_IterSave({})) is _IterHandler
+    assert ocp.args.get_registered_args_cls(_IterHandler()) == (_IterSave, _IterRestore)
+    assert ocp.args.get_registered_handler_cls(ocp.args.StandardSave) is ocp.StandardCheckpointHandler
+    with pytest.raises(TypeError, match="must subclass"):
+        ocp.args.register_with_handler(_IterHandler, for_save=True)(dict)
+    mngr = ocp.CheckpointManager(tmp_path, item_names=("params", "it"))
+    mngr.save(1, args=ocp.args.Composite(params=ocp.args.StandardSave({"w": np.arange(3)}), it=_IterSave({"pos": 7})))
+    mngr.close()
+    assert json.loads((tmp_path / "1" / "it" / "it.json").read_text()) == {"pos": 7}
+    handlers = {"params": ocp.StandardCheckpointHandler(), "it": _IterHandler()}
+    mngr = ocp.CheckpointManager(tmp_path, item_handlers=handlers)
+    got = mngr.restore(1)
+    assert isinstance(got, ocp.args.Composite) and got.it == {"pos": 7}
+    np.testing.assert_array_equal(got.params["w"], np.arange(3))
+
+
+def test_legacy_checkpointers_form(tmp_path) -> None:
+    mngr = ocp.CheckpointManager(tmp_path / "a", ocp.PyTreeCheckpointer(),
+                                 options=ocp.CheckpointManagerOptions(max_to_keep=1))
+    mngr.save(0, {"a": np.ones(2)})
+    mngr.save(1, {"a": np.zeros(2)}, save_kwargs={"save_args": {"a": ocp.SaveArgs(dtype=np.float16)}})
+    mngr.wait_until_finished()
+    assert mngr.all_steps() == [1]
+    assert mngr.restore(1)["a"].dtype == np.float16
+    multi = ocp.CheckpointManager(tmp_path / "b", {"x": ocp.PyTreeCheckpointer(),
+                                                   "y": ocp.Checkpointer(ocp.JsonCheckpointHandler())})
+    multi.save(3, {"x": {"a": np.ones(2)}, "y": {"k": 1}})
+    multi.wait_until_finished()
+    got = multi.restore(3, items={"x": {"a": np.zeros(2)}})
+    assert set(got) == {"x"} and got.x["a"].tolist() == [1.0, 1.0]
+    assert multi.restore(3).y == {"k": 1}
+
+
+def test_composite_handler_returns_composite(tmp_path) -> None:
+    h = ocp.CompositeCheckpointHandler("state", "meta")
+    h.save(tmp_path, ocp.args.Composite(state=ocp.args.StandardSave({"a": np.int64(1)}),
+                                        meta=ocp.args.JsonSave({"lang": "en"})))
+    got = h.restore(tmp_path, ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    assert isinstance(got, ocp.args.Composite) and got.meta == {"lang": "en"}
+    assert isinstance(h.metadata(tmp_path), ocp.args.Composite)

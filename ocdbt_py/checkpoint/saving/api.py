@@ -48,10 +48,12 @@ from ocdbt_py.checkpoint.saving.params import (
     flatten,
 )
 from ocdbt_py.checkpoint.saving.process_writer import ChunkJob, ProcessWriter, background_workers, default_workers
+from ocdbt_py.errors import UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
 
-__all__ = ["save", "JsonItem", "SaveHandle", "SaveOptions", "ItemPlan", "make_options", "plan_item", "commit_items"]
+__all__ = ["save", "JsonItem", "FilesItem", "SaveHandle", "SaveOptions", "ItemPlan", "make_options", "plan_item",
+           "commit_items"]
 
 SaveHandle = async_save.SaveHandle
 _RESERVED_ITEM_NAMES = frozenset({"descriptor"})
@@ -102,6 +104,19 @@ class JsonItem:
 
 
 @dataclasses.dataclass(frozen=True)
+class FilesItem:
+    """A composite item whose files a caller's function writes: ``write(directory)`` is called
+    on every process with the item's local directory (created, inside the uncommitted step),
+    before the step is committed; ``handler`` is the type name recorded for it in
+    ``_CHECKPOINT_METADATA``.  Local destinations only (``UnsupportedError`` elsewhere): this is
+    how Orbax-style custom ``CheckpointHandler.save(directory, args)`` items are written.
+    """
+
+    write: Callable[[str], None]
+    handler: str
+
+
+@dataclasses.dataclass(frozen=True)
 class SaveOptions:
     use_zarr3: bool
     use_ocdbt: bool
@@ -135,6 +150,9 @@ class ItemPlan:
     custom_metadata: Any
     opts: SaveOptions  # this item's options (the save's, or its own from ``item_options``)
 
+
+#: What one item of a save is, once planned.
+Plan = ItemPlan | JsonItem | FilesItem
 
 #: Array specs by everything they are made from: a training loop saving the same tree again
 #: reuses them (``ArraySpec`` is immutable); cleared when it grows past 65536 entries.
@@ -484,7 +502,7 @@ def _item_options(item_options: Mapping[str, Mapping[str, Any]] | None, composit
 
 def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: SaveOptions,
                 handler: str | Mapping[str, str] | None, pytree_custom_metadata: Any,
-                per_item: Mapping[str, tuple[SaveOptions, Any]] | None = None) -> dict[str, ItemPlan | JsonItem]:
+                per_item: Mapping[str, tuple[SaveOptions, Any]] | None = None) -> dict[str, Plan]:
     """What to write for each item (``""`` for a single item), checked before anything is;
     ``per_item`` gives some items their own options and custom metadata."""
     for h in handler.values() if isinstance(handler, Mapping) else [handler]:
@@ -499,10 +517,14 @@ def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: SaveOption
         if isinstance(tree, JsonItem):
             raise TypeError("a JsonItem is saved as one item of a composite save (composite=True)")
         items = {"": tree}
-    plans: dict[str, ItemPlan | JsonItem] = {}
+    plans: dict[str, Plan] = {}
     for name, value in items.items():
         if isinstance(value, JsonItem):
             layout_writer.json_item(value.value)  # fail early if not serializable
+            plans[name] = value
+        elif isinstance(value, FilesItem):
+            if not composite:
+                raise TypeError("a FilesItem is saved as one item of a composite save (composite=True)")
             plans[name] = value
         else:
             item_handler = handler.get(name) if isinstance(handler, Mapping) else handler
@@ -511,7 +533,7 @@ def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: SaveOption
     return plans
 
 
-def _run(dest: Destination, plans: Mapping[str, ItemPlan | JsonItem], coord: Coordinator, opts: SaveOptions,
+def _run(dest: Destination, plans: Mapping[str, Plan], coord: Coordinator, opts: SaveOptions,
          composite: bool, force: bool, custom_metadata: Mapping[str, Any] | None, init_ns: int) -> None:
     err: BaseException | None = None
     if coord.is_primary:
@@ -528,6 +550,8 @@ def _run(dest: Destination, plans: Mapping[str, ItemPlan | JsonItem], coord: Coo
             if isinstance(plan, ItemPlan):
                 item_kv = PrefixStore(root, name) if name else root
                 own[name] = _write_process_part(item_kv, plan, coord, plan.opts)
+            elif isinstance(plan, FilesItem):
+                plan.write(_item_directory(PrefixStore(root, name)))
         if opts.sync and coord.is_primary:
             # the primary's data files need only be durable before its commit: they are
             # fsynced while the merged root and metadata files are built (joined before the commit)
@@ -547,6 +571,15 @@ def _run(dest: Destination, plans: Mapping[str, ItemPlan | JsonItem], coord: Coo
             if syncing is not None:
                 syncing.join(check=False)  # never leave the thread running past the save
     coord.sync("committed", err)
+
+
+def _item_directory(item_kv: KvStore) -> str:
+    """The local directory of a :class:`FilesItem` (made if missing)."""
+    path = item_kv.local_path("")
+    if path is None:
+        raise UnsupportedError(f"an item written by its own handler needs a local destination, not {item_kv.url}")
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 class _Background:
@@ -571,7 +604,7 @@ class _Background:
             raise self._error
 
 
-def commit_items(dest: Destination, root: KvStore, plans: Mapping[str, ItemPlan | JsonItem], coord: Coordinator,
+def commit_items(dest: Destination, root: KvStore, plans: Mapping[str, Plan], coord: Coordinator,
             opts: SaveOptions, composite: bool, custom_metadata: Mapping[str, Any] | None, init_ns: int,
             own: Mapping[str, dict[bytes, Any] | None], *,
             before_commit: Callable[[], None] | None = None) -> None:
@@ -583,6 +616,8 @@ def commit_items(dest: Destination, root: KvStore, plans: Mapping[str, ItemPlan 
         if isinstance(plan, JsonItem):
             item_kv.set(plan.filename, layout_writer.json_item(plan.value))
             handlers[name] = layout_writer.JSON_HANDLER
+        elif isinstance(plan, FilesItem):
+            handlers[name] = plan.handler
         else:
             _finalize_item(item_kv, plan, coord, plan.opts, own.get(name))
             handlers[name] = plan.handler
