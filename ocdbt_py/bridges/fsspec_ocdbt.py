@@ -18,6 +18,15 @@ Directories are implied by ``/`` in keys (OCDBT has none of its own); ``ls`` ski
 subdirectory with one B+tree descent, so listing a directory does not read every key below it.
 Registered with fsspec through the ``fsspec.specs`` entry point; :func:`register` does the same
 at run time (for an environment installed before the entry point existed).
+
+fsspec's own abstract test classes run against it (``tests/bridges/test_fsspec_abstract.py``):
+``AbstractCopyTests``, ``AbstractGetTests``, ``AbstractPutTests``, ``AbstractOpenTests`` and
+``AbstractPipeTests``, all their cases.  What does not apply: empty directories (the suite's
+``supports_empty_directories`` fixture is ``False``: a directory exists only while a key lies
+below it, as on object stores), and ``fsspec/tests/abstract/mv.py`` (module-level tests of
+``LocalFileSystem``, no class to subclass).  ``open(path, "xb")`` and
+``pipe_file(path, mode="create")`` raise ``FileExistsError`` for a present key and make the
+commit conditional on the key staying absent.
 """
 
 from __future__ import annotations
@@ -257,7 +266,10 @@ class OcdbtFileSystem(AbstractFileSystem):  # type: ignore[misc]
             return _OcdbtFile(self, path, mode, block_size or "default", cache_options=cache_options,
                               size=self.size(path))
         self._require_writable()
-        return _WriteFile(self, path)
+        exclusive = "x" in mode
+        if exclusive and self._get(path) is not None:
+            raise FileExistsError(f"{self.unstrip_protocol(path)} (in {self.db_url})")
+        return _WriteFile(self, path, "create" if exclusive else "overwrite")
 
     # -- writing -------------------------------------------------------------------------------
     def _require_writable(self) -> Any:
@@ -269,9 +281,27 @@ class OcdbtFileSystem(AbstractFileSystem):  # type: ignore[misc]
             return self._txn
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
-        """Stage ``value`` at key ``path`` in the open transaction (see :meth:`commit`)."""
-        self._require_writable().put(self._strip_protocol(path).encode("utf-8"), bytes(value))
+        """Stage ``value`` at key ``path`` in the open transaction (see :meth:`commit`).
+
+        ``mode="create"``: ``FileExistsError`` if the key exists; the commit is then also
+        conditional on the key still being absent (``ConditionFailedError`` otherwise)."""
+        t = self._require_writable()
+        path = self._strip_protocol(path)
+        if mode == "create":
+            if self._get(path) is not None:
+                raise FileExistsError(f"{self.unstrip_protocol(path)} (in {self.db_url})")
+            t.put(path.encode("utf-8"), bytes(value), if_equal=None)
+        else:
+            t.put(path.encode("utf-8"), bytes(value))
         self.invalidate_cache()
+
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        """Stage a copy of the value of key ``path1`` at key ``path2``."""
+        src = self._strip_protocol(path1)
+        value = self._get(src)
+        if value is None:
+            raise FileNotFoundError(f"{self.unstrip_protocol(src)} (in {self.db_url})")
+        self.pipe_file(path2, value)
 
     def rm_file(self, path: str) -> None:
         """Stage the deletion of a key."""
@@ -324,12 +354,13 @@ class _OcdbtFile(AbstractBufferedFile):  # type: ignore[misc]
 class _WriteFile(io.BytesIO):
     """A file opened for writing: staged in the transaction when closed."""
 
-    def __init__(self, fs: OcdbtFileSystem, path: str):
+    def __init__(self, fs: OcdbtFileSystem, path: str, mode: str = "overwrite"):
         super().__init__()
         self._fs = fs
         self._path = path
+        self._mode = mode
 
     def close(self) -> None:
         if not self.closed:
-            self._fs.pipe_file(self._path, self.getvalue())
+            self._fs.pipe_file(self._path, self.getvalue(), mode=self._mode)
         super().close()
