@@ -18,6 +18,9 @@ import _dropin
 
 _records: dict[str, dict[str, Any]] = {}
 _collect_errors: list[dict[str, str]] = []
+_PRIVATE = re.compile(r"AttributeError: ([^\n]{0,160}?"
+                      r"(?:ocdbt_py\.orbax|CheckpointManager|Checkpointer|CheckpointHandler)"
+                      r"[^\n]{0,80}?) (?:has no attribute|does not have the attribute) '(_\w+)'")
 _FOREIGN = re.compile(r"\[orbax-internal: ([\w.]+)\]")
 
 
@@ -60,6 +63,10 @@ def pytest_runtest_logreport(report: Any) -> None:
             rec["missing_public"] = _dropin.MISSING_PUBLIC[m.group(1)]
         elif m:
             rec["internal"] = m.group(1)
+        else:
+            p = _PRIVATE.search(text)
+            if p:  # the test reaches into a private attribute of ocdbt_py.orbax's objects
+                rec["internal"] = f"private attribute {p.group(2)} of {p.group(1)}"
         lines = [ln for ln in text.splitlines() if ln.startswith("E ")]
         rec["error"] = "\n".join(lines[-6:])[-1500:] or text[-1500:]
     elif report.skipped and rec["outcome"] == "passed":

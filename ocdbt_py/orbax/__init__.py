@@ -51,6 +51,8 @@ from ocdbt_py.orbax.path import step
 from ocdbt_py.orbax.type_handlers import ArrayRestoreArgs, RestoreArgs, SaveArgs
 
 AbstractCheckpointManager = CheckpointManager
+#: A restore-target leaf that is not restored (it stays ``...``), as Orbax's ``PLACEHOLDER``.
+PLACEHOLDER = ...
 
 __all__ = [
     "args",
@@ -86,4 +88,5 @@ __all__ = [
     "SaveArgs",
     "RestoreArgs",
     "ArrayRestoreArgs",
+    "PLACEHOLDER",
 ]

@@ -17,7 +17,10 @@ import numpy as np
 from ocdbt_py.checkpoint.pytree import dotted, flatten_with_names
 from ocdbt_py.orbax.type_handlers import ArrayRestoreArgs, RestoreArgs, SaveArgs
 
-__all__ = ["apply_save_args", "restore_target"]
+__all__ = ["apply_save_args", "restore_target", "strip_placeholders", "put_placeholders", "PLACEHOLDER"]
+
+#: Orbax's ``PLACEHOLDER``: a leaf of a restore target that is not restored (kept as ``...``).
+PLACEHOLDER = ...
 
 
 def _cast(value: Any, dtype: Any) -> Any:
@@ -102,23 +105,61 @@ def _is_jax(x: Any) -> bool:
 def restore_target(item: Any, restore_args: Any, stored: Callable[[tuple[str, ...]], Any]) -> Any:
     """The native restore target for ``PyTreeRestore(item, restore_args)``.
 
-    ``stored(names)`` gives the stored :class:`~ocdbt_py.checkpoint.LeafMetadata` of a leaf
-    (asked only when neither argument says its shape or dtype).
+    With both, ``item`` gives the structure (``restore_args`` may cover more leaves, as after
+    ``construct_restore_args`` on the full tree) and each of its leaves takes the restore
+    argument of the same path.  ``stored(names)`` gives the stored
+    :class:`~ocdbt_py.checkpoint.LeafMetadata` of a leaf (asked only when neither argument says
+    its shape or dtype).  ``PLACEHOLDER`` (``...``) leaves stay ``...``.
     """
     if restore_args is None:
         return item
     is_args = lambda x: isinstance(x, RestoreArgs)  # noqa: E731
-    flat, rebuild = flatten_with_names(restore_args, is_leaf=is_args)
+    flat_args, rebuild = flatten_with_names(restore_args, is_leaf=is_args)
     likes: dict[tuple[str, ...], Any] = {}
     if item is not None:
-        likes = dict(flatten_with_names(item)[0])
+        flat_item, rebuild_item = flatten_with_names(item)
+        likes = dict(flat_item)
+        by_name = dict(flat_args)
+        if len(flat_item) != len(flat_args) or set(likes) != set(by_name):
+            # the item's structure wins: its leaves with the argument of the same path
+            flat_args, rebuild = [(n, by_name.get(n)) for n, _ in flat_item], rebuild_item
     values = []
-    for names, a in flat:
+    for names, a in flat_args:
         like = likes.get(names)
-        if isinstance(a, ArrayRestoreArgs):
+        if like is PLACEHOLDER:
+            values.append(PLACEHOLDER)
+        elif isinstance(a, ArrayRestoreArgs):
             values.append(_array_target(a, like, stored, names))
         elif isinstance(a, RestoreArgs):
             values.append(_plain_target(a, like, stored, names))
         else:
             values.append(a if a is not None else like)
     return rebuild(values)
+
+
+def strip_placeholders(tree: Any) -> tuple[Any, list[tuple[Any, ...]]]:
+    """``tree`` without its ``PLACEHOLDER`` leaves (dict entries only) and their paths."""
+    paths: list[tuple[Any, ...]] = []
+
+    def walk(x: Any, path: tuple[Any, ...]) -> Any:
+        if isinstance(x, dict):
+            out = {}
+            for k, v in x.items():
+                if v is PLACEHOLDER:
+                    paths.append(path + (k,))
+                else:
+                    out[k] = walk(v, path + (k,))
+            return type(x)(out) if type(x) is not dict else out
+        return x
+
+    return walk(tree, ()), paths
+
+
+def put_placeholders(tree: Any, paths: list[tuple[Any, ...]]) -> Any:
+    """``tree`` with ``PLACEHOLDER`` put back at ``paths`` (from :func:`strip_placeholders`)."""
+    for path in paths:
+        node = tree
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = PLACEHOLDER
+    return tree

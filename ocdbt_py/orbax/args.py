@@ -64,12 +64,36 @@ def get_registered_handler_cls(args: CheckpointArgs | type) -> type:
     raise ValueError(f"No registered handler for {cls}.")
 
 
+def _registrations(handler: Any) -> list[tuple[type, bool, bool]]:
+    """``(args class, for save, for restore)`` registered for the nearest class of
+    ``handler``'s MRO that has registrations (a subclass inherits its base's arguments)."""
+    hcls = handler if isinstance(handler, type) else type(handler)
+    for c in hcls.__mro__:
+        found = [(a, s, r) for a, (h, s, r) in _registry.items() if h is c]
+        if found:
+            return found
+    return []
+
+
+def registered_args_of(handler: Any) -> list[type]:
+    """Every argument class registered for ``handler`` (class or instance)."""
+    return [a for a, _, _ in _registrations(handler)]
+
+
+def args_fit_handler(args: Any, handler: Any) -> bool:
+    """Whether ``args`` is an instance of an argument class registered for ``handler``
+    (handlers without registrations take any argument)."""
+    regs = registered_args_of(handler)
+    return not regs or isinstance(args, tuple(regs))
+
+
 def get_registered_args_cls(handler: Any) -> tuple[type, type]:
     """``(save argument class, restore argument class)`` first registered for ``handler`` (a
     handler class or instance); ``ValueError`` unless both are registered."""
     hcls = handler if isinstance(handler, type) else type(handler)
-    save_cls = next((a for a, (h, s, _) in _registry.items() if h is hcls and s), None)
-    restore_cls = next((a for a, (h, _, r) in _registry.items() if h is hcls and r), None)
+    regs = _registrations(hcls)
+    save_cls = next((a for a, s, _ in regs if s), None)
+    restore_cls = next((a for a, _, r in regs if r), None)
     if save_cls is None or restore_cls is None:
         raise ValueError(f"No registered save and restore argument classes for {hcls} "
                          f"(save: {save_cls}, restore: {restore_cls}).")

@@ -27,12 +27,18 @@ from ocdbt_py.checkpoint.pytree import flatten_with_names
 from ocdbt_py.checkpoint.restore.api import resolve, restore
 from ocdbt_py.checkpoint.saving import async_save
 from ocdbt_py.checkpoint.saving.api import FilesItem, JsonItem, SaveHandle, save
-from ocdbt_py.checkpoint.saving.layout_writer import checkpoint_metadata, json_item
+from ocdbt_py.checkpoint.saving.layout_writer import (
+    JSON_HANDLER,
+    PYTREE_HANDLER,
+    STANDARD_HANDLER,
+    checkpoint_metadata,
+    json_item,
+)
 from ocdbt_py.errors import UnsupportedError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.orbax import args as args_lib
-from ocdbt_py.orbax._convert import apply_save_args, restore_target
+from ocdbt_py.orbax._convert import apply_save_args, put_placeholders, restore_target, strip_placeholders
 from ocdbt_py.orbax._foreign import refuse_orbax_object
 from ocdbt_py.orbax._saved_shardings import saved_sharding_target
 from ocdbt_py.orbax.utils import is_primary_host
@@ -106,10 +112,14 @@ class CheckpointHandler:
     restore_args: type[args_lib.CheckpointArgs] = args_lib.CheckpointArgs
     _builtin = False
 
+    _typestr: str | None = None
+
     @classmethod
     def typestr(cls) -> str:
-        """The handler's type name, as recorded in ``_CHECKPOINT_METADATA``."""
-        return f"{cls.__module__}.{cls.__qualname__}"
+        """The handler's type name, as recorded in ``_CHECKPOINT_METADATA`` (Orbax's name for
+        the built-in handlers, whose checkpoints are Orbax's)."""
+        own = cls.__dict__.get("_typestr")
+        return own if own is not None else f"{cls.__module__}.{cls.__qualname__}"
 
     def _custom(self) -> bool:
         return type(self) is not CheckpointHandler and not self._builtin
@@ -206,6 +216,7 @@ class PyTreeCheckpointHandler(CheckpointHandler):
     restore_args: type[args_lib.CheckpointArgs] = args_lib.PyTreeRestore
     kind = "pytree"
     _builtin = True
+    _typestr = PYTREE_HANDLER
 
     def __init__(self, aggregate_filename: str | None = None, *, use_ocdbt: bool = True, use_zarr3: bool = False,
                  use_compression: bool = True, **ignored: Any):
@@ -250,7 +261,8 @@ class PyTreeCheckpointHandler(CheckpointHandler):
             target = args.item
         else:
             raise TypeError(f"{type(self).__name__} restores {self.restore_args.__name__}, not {type(args).__name__}")
-        return restore(location, target, item=item)
+        target, holes = strip_placeholders(target)
+        return put_placeholders(restore(location, target, item=item), holes)
 
 
 class StandardCheckpointHandler(PyTreeCheckpointHandler):
@@ -259,6 +271,7 @@ class StandardCheckpointHandler(PyTreeCheckpointHandler):
     save_args = args_lib.StandardSave
     restore_args = args_lib.StandardRestore
     kind = "standard"
+    _typestr = STANDARD_HANDLER
 
     def __init__(self, *, use_ocdbt: bool = True, **ignored: Any):
         super().__init__(use_ocdbt=use_ocdbt)
@@ -290,6 +303,7 @@ class JsonCheckpointHandler(CheckpointHandler):
     save_args = args_lib.JsonSave
     restore_args = args_lib.JsonRestore
     _builtin = True
+    _typestr = JSON_HANDLER
 
     def __init__(self, filename: str | None = None, primary_host: int | None = 0, **ignored: Any):
         self.filename = filename or "metadata"
@@ -402,15 +416,28 @@ class CompositeCheckpointHandler(CheckpointHandler):
             refuse_orbax_object(handler_registry, "handler_registry")
         self.handlers: dict[str, CheckpointHandler | None] = {n: None for n in item_names}
         self.handlers.update(items_and_handlers)
+        self._fixed = bool(item_names)  # items named up front: no others may be saved
 
-    def handler(self, name: str, a: Any) -> CheckpointHandler:
-        """The handler of item ``name`` (registered, or inferred from its argument ``a``)."""
+    def handler(self, name: str, a: Any, *, explicit: bool = False) -> CheckpointHandler:
+        """The handler of item ``name`` (registered, or inferred from its argument ``a``); a
+        ``ValueError`` when ``a`` is not an argument of the item's handler, or names an item
+        the handler was not configured with."""
         h = self.handlers.get(name)
         if h is None:
             if a is None:
+                if explicit:
+                    raise ValueError(f'Provided `None` for `CheckpointArgs`, and the `CheckpointHandler` for item '
+                                     f'"{name}" was not configured.')
                 return CheckpointHandler()
+            if self._fixed and name not in self.handlers:
+                raise ValueError(f"Provided `CheckpointArgs` of type {type(a).__name__} for item {name!r}, which does "
+                                 f"not match with any registered handler (items: {sorted(self.handlers)}).")
             h = handler_for_args(a)
             self.handlers[name] = h
+        elif a is not None and not args_lib.args_fit_handler(a, h):
+            raise ValueError(f"Provided `CheckpointArgs` of type {type(a).__name__} for item {name!r} does not match "
+                             f"with any registered handler ({type(h).__name__} takes "
+                             f"{[c.__name__ for c in args_lib.registered_args_of(h)]}).")
         return h
 
     def start_save(self, directory: Location, args: args_lib.CheckpointArgs, *, force: bool,
@@ -469,8 +496,12 @@ class CompositeCheckpointHandler(CheckpointHandler):
     def restore_items(self, location: Location, args: args_lib.Composite | None,
                       available: list[str]) -> args_lib.Composite:
         """Restore the items named by ``args`` (all available items without args)."""
+        explicit = args is not None and len(args) > 0
         wanted = dict(args.items()) if args is not None and len(args) else {n: None for n in available}
         out = {}
         for name, a in wanted.items():
-            out[name] = self.handler(name, a).restore_from(location, a, item=name)
+            handler = self.handler(name, a, explicit=explicit and name != "default")
+            if name not in available:
+                raise FileNotFoundError(f"Item {name!r} is not in the checkpoint at {location} (items: {available}).")
+            out[name] = handler.restore_from(location, a, item=name)
         return args_lib.Composite(**out)

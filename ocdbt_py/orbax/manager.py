@@ -168,6 +168,13 @@ def default_preservation_policy(o: CheckpointManagerOptions) -> pp.PreservationP
     return pp.AnyPreservationPolicy(policies)
 
 
+def _no_args_in_items(items: Any) -> None:
+    """Orbax's check: ``CheckpointArgs`` passed positionally (where the legacy ``items`` go)."""
+    if isinstance(items, args_lib.CheckpointArgs):
+        raise ValueError("Found `CheckpointArgs` in `items`; pass them as `args=` (the positional argument is the "
+                         "legacy `items`).")
+
+
 def _create_root(directory: str | os.PathLike[str], o: CheckpointManagerOptions) -> None:
     """``create=True``: the primary host makes a missing local root (object stores need none)."""
     if o.multiprocessing_options.active_processes is not None:
@@ -243,6 +250,9 @@ class CheckpointManager:
         if item_names is not None:
             self._default = False
         if isinstance(item_handlers, CheckpointHandler):
+            if item_names is not None:
+                raise ValueError("`item_handlers` in default item mode (a single CheckpointHandler) cannot be combined "
+                                 "with `item_names`.")
             self._default = True
             handlers[DEFAULT_ITEM_NAME] = item_handlers
         elif item_handlers is not None:
@@ -393,6 +403,7 @@ class CheckpointManager:
              force: bool | None = False, args: args_lib.CheckpointArgs | None = None,
              custom_metadata: dict[str, Any] | None = None) -> bool:
         """Save ``args`` as ``step`` if the save decision policy says so (or ``force``)."""
+        _no_args_in_items(items)
         if args is None and items is not None:
             args = self._legacy_args(items, save_kwargs, for_save=True)
         if args is None:
@@ -544,6 +555,7 @@ class CheckpointManager:
         available = self._available(location)
         if self._default is None:
             self._default = DEFAULT_ITEM_NAME in available and not isinstance(args, args_lib.Composite)
+        _no_args_in_items(items)
         if args is None and (items is not None or restore_kwargs is not None):
             args = self._legacy_args(items, restore_kwargs, for_save=False)
         cargs = None if args is None else self._composite_args(args)

@@ -13,7 +13,10 @@ from typing import Any
 
 from ocdbt_py.errors import UnsupportedError
 
-__all__ = ["SaveArgs", "RestoreArgs", "ArrayRestoreArgs"]
+__all__ = ["SaveArgs", "RestoreArgs", "ArrayRestoreArgs", "PLACEHOLDER"]
+
+#: A restore-target leaf that is not restored (it stays ``...``).
+PLACEHOLDER = ...
 
 
 @dataclasses.dataclass

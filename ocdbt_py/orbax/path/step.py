@@ -15,7 +15,7 @@ import os
 import pathlib
 import re
 from collections.abc import Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from ocdbt_py.checkpoint.layout import COMMIT_MARKER
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
@@ -58,19 +58,22 @@ class Metadata:
         return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
 
 
+MetadataT = TypeVar("MetadataT", bound=Metadata, covariant=True)
+
+
 @runtime_checkable
-class NameFormat(Protocol):
+class NameFormat(Protocol, Generic[MetadataT]):
     """Names steps and finds them under a root (uncommitted steps are not found)."""
 
     def build_name(self, step: int) -> str:
         """The directory name of ``step``."""
         ...
 
-    def find_all(self, base_path: PathLike) -> Iterator[Metadata]:
+    def find_all(self, base_path: PathLike) -> Iterator[MetadataT]:
         """Every committed step under ``base_path``."""
         ...
 
-    def find_step(self, base_path: PathLike, step: int) -> Metadata:
+    def find_step(self, base_path: PathLike, step: int) -> MetadataT:
         """``step`` under ``base_path``, or ``ValueError``."""
         ...
 
