@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ocdbt_py.checkpoint.export import export_npz
     from ocdbt_py.checkpoint.layout import UncommittedStepWarning
     from ocdbt_py.checkpoint.manager import CheckpointManager
-    from ocdbt_py.checkpoint.meta import CheckpointInfo, LeafMetadata, list_steps, metadata
+    from ocdbt_py.checkpoint.meta import LeafMetadata, StepEntry, list_steps, metadata
     from ocdbt_py.checkpoint.restore.reader import LazyArray
     from ocdbt_py.checkpoint.saving import JsonItem, SaveHandle, save
 
@@ -37,7 +37,7 @@ __all__ = [
     "list_steps",
     "export_npz",
     "LeafMetadata",
-    "CheckpointInfo",
+    "StepEntry",
     "LazyArray",
     "UncommittedStepWarning",
     "save",
@@ -51,7 +51,7 @@ _WHERE = {
     "metadata": "ocdbt_py.checkpoint.meta",
     "list_steps": "ocdbt_py.checkpoint.meta",
     "LeafMetadata": "ocdbt_py.checkpoint.meta",
-    "CheckpointInfo": "ocdbt_py.checkpoint.meta",
+    "StepEntry": "ocdbt_py.checkpoint.meta",
     "export_npz": "ocdbt_py.checkpoint.export",
     "LazyArray": "ocdbt_py.checkpoint.restore.reader",
     "UncommittedStepWarning": "ocdbt_py.checkpoint.layout",

@@ -32,7 +32,7 @@ from ocdbt_py.kvstore.prefixed import PrefixStore
 from zarr3.dtypes import parse_data_type_v3, parse_dtype_v2
 from zarr3.engine.json_text import parse as parse_json_text
 
-__all__ = ["LeafMetadata", "CheckpointInfo", "metadata", "list_steps", "item_metadata", "describe"]
+__all__ = ["LeafMetadata", "StepEntry", "metadata", "list_steps", "item_metadata", "describe"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -77,15 +77,6 @@ class LeafMetadata:
         if self.kind in (ARRAY, SCALAR):
             return f"LeafMetadata({self.name!r}, {self.dtype}{list(self.shape or ())}, chunks={self.chunks})"
         return f"LeafMetadata({self.name!r}, {self.kind}, {self.value!r})"
-
-
-@dataclasses.dataclass
-class CheckpointInfo:
-    """One finalized step of a CheckpointManager root."""
-
-    step: int
-    name: str
-    committed: bool
 
 
 # -- Zarr metadata summaries --------------------------------------------------------------------
@@ -432,12 +423,11 @@ def _metadata(path: PathLike, item: str | None, step: int | None, storage_option
     return _item_meta(r.kv, r.kind, r.listing, stored_sizes, handler_of(r.kv))
 
 
-def list_steps(path: PathLike, *, storage_options: dict[str, Any] | None = None) -> list[CheckpointInfo]:
+def list_steps(path: PathLike, *, storage_options: dict[str, Any] | None = None) -> list[StepEntry]:
     """The finalized steps of a CheckpointManager root, oldest first (uncommitted ones are
     skipped with an :class:`~ocdbt_py.checkpoint.UncommittedStepWarning`)."""
     kv = open_kvstore(path, storage_options, read_only=True)
-    entries: list[StepEntry] = _list_steps(kv)
-    return [CheckpointInfo(e.step, e.name, e.committed) for e in entries]
+    return _list_steps(kv)
 
 
 def describe(md: LeafMetadata) -> str:

@@ -34,8 +34,6 @@ to objects with an ``item`` attribute (``StandardSave``/``PyTreeSave``/``JsonSav
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import inspect
 import os
 import pathlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -43,11 +41,14 @@ from typing import Any
 
 import numpy as np
 
-from ocdbt_py.checkpoint.manager import preservation as keep_lib
 from ocdbt_py.checkpoint.manager import save_policy as save_lib
 from ocdbt_py.checkpoint.manager.multitier import MultiTierCheckpointManager
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.preemption import PreemptionWatcher
+from ocdbt_py.orbax import preservation as pp
+from ocdbt_py.orbax import save_decision as sdp
+from ocdbt_py.orbax import utils
+from ocdbt_py.orbax.options import MultiprocessingOptions
 
 __all__ = ["LocalCheckpointOptions", "PersistentCheckpointOptions", "MultiprocessingOptions",
            "CheckpointManagerOptions", "CheckpointManager"]
@@ -99,13 +100,6 @@ class PersistentCheckpointOptions:
 
 
 @dataclasses.dataclass
-class MultiprocessingOptions:
-    """``coordination_timeout_secs``: how long processes wait for each other."""
-
-    coordination_timeout_secs: int = 120
-
-
-@dataclasses.dataclass
 class CheckpointManagerOptions:
     """Options of the emergency :class:`CheckpointManager` (Orbax's fields).
 
@@ -125,58 +119,7 @@ class CheckpointManagerOptions:
     single_host_load_and_broadcast: bool = True
 
 
-# ---- Orbax-shaped policies on the native manager ------------------------------------------
-
-
-@dataclasses.dataclass
-class _Info:
-    """What Orbax's policies see of a checkpoint (``PolicyCheckpointInfo``)."""
-
-    step: int
-    time: datetime.datetime
-    metrics: dict[str, Any] | None = None
-
-
-@dataclasses.dataclass(kw_only=True)
-class _DecisionContext:
-    is_saving_in_progress: bool
-    reached_preemption: bool
-
-
-@dataclasses.dataclass(kw_only=True)
-class _PreservationContext:
-    pass
-
-
-def _utc(seconds: float) -> datetime.datetime:
-    return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
-
-
-@dataclasses.dataclass(frozen=True)
-class _OrbaxSaveDecision:
-    """A ``SaveDecisionPolicy`` (``should_save(step, previous_steps, *, context)``) as a native
-    save policy."""
-
-    policy: Any
-
-    def should_save(self, ctx: save_lib.SaveContext) -> bool:
-        previous = [_Info(s.step, _utc(s.commit_time if s.commit_time is not None else s.start_time))
-                    for s in ctx.previous]
-        return bool(self.policy.should_save(
-            _Info(ctx.step, _utc(ctx.now)), previous,
-            context=_DecisionContext(is_saving_in_progress=ctx.saving_in_progress,
-                                     reached_preemption=ctx.reached_preemption)))
-
-
-@dataclasses.dataclass(frozen=True)
-class _ShouldSaveFn:
-    """Orbax's ``should_save_fn(step, last_saved_step)`` as a native save policy."""
-
-    fn: Callable[[int, int | None], bool]
-
-    def should_save(self, ctx: save_lib.SaveContext) -> bool:
-        last = ctx.last
-        return bool(self.fn(ctx.step, last.step if last is not None else None))
+# ---- Orbax's policies on the native manager (the adapters ocp.CheckpointManager uses too) -----
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,59 +132,22 @@ class _Never:
         return False
 
 
-@dataclasses.dataclass(frozen=True)
-class _OrbaxPreservation:
-    """A ``PreservationPolicy`` (``should_preserve(checkpoints, *, context)``) as a native one."""
-
-    policy: Any
-
-    def keep(self, steps: Sequence[keep_lib.StepInfo]) -> set[int]:
-        infos = [_Info(s.step, _utc(s.time), dict(s.metrics) if s.metrics is not None else None) for s in steps]
-        flags = list(self.policy.should_preserve(infos, context=_PreservationContext()))
-        if len(flags) != len(infos):
-            raise ValueError(f"{type(self.policy).__name__}.should_preserve returned {len(flags)} flags "
-                             f"for {len(infos)} checkpoints")
-        return {i.step for i, f in zip(infos, flags) if f}
-
-
-def _save_policy(interval: int, fn: Any, policy: Any) -> Any:
-    """Orbax's precedence: ``save_decision_policy``, then ``should_save_fn``, then the interval."""
-    if policy is not None:
-        return policy if _is_native_save(policy) else _OrbaxSaveDecision(policy)
-    if fn is not None:
-        return _ShouldSaveFn(fn)
-    return save_lib.FixedInterval(interval)
-
-
-def _is_native_save(policy: Any) -> bool:
-    try:
-        params = inspect.signature(policy.should_save).parameters
-    except (TypeError, ValueError):
-        return False
-    return "context" not in params
+def _save_policy(o: LocalCheckpointOptions | PersistentCheckpointOptions) -> Any:
+    """As Orbax's tier managers: ``save_decision_policy``, else the default built from
+    ``should_save_fn`` or the interval (which saves the first step too)."""
+    policy = o.save_decision_policy or sdp.default_policy(o.save_interval_steps, None, o.should_save_fn)
+    return sdp.NativeSaveDecision(policy, reached_preemption=utils.reached_preemption)
 
 
 def _local_keep(o: LocalCheckpointOptions) -> Any:
-    if o.preservation_policy is not None:
-        return _preservation(o.preservation_policy)
-    return keep_lib.LatestN(int(o.max_to_keep or 1))
+    return pp.NativePreservation(o.preservation_policy or pp.default_policy(max_to_keep=o.max_to_keep))
 
 
 def _persistent_keep(o: PersistentCheckpointOptions) -> Any:
-    if o.preservation_policy is not None:
-        return _preservation(o.preservation_policy)
-    parts: list[Any] = []
-    if o.max_to_keep is not None:
-        parts.append(keep_lib.LatestN(int(o.max_to_keep)))
-    if o.keep_period is not None:
-        parts.append(keep_lib.EveryNSteps(int(o.keep_period)))
-    if not parts:
-        return None
-    return parts[0] if len(parts) == 1 else keep_lib.AnyOf(*parts)
-
-
-def _preservation(policy: Any) -> Any:
-    return policy if callable(getattr(policy, "keep", None)) else _OrbaxPreservation(policy)
+    if o.preservation_policy is None and o.max_to_keep is None and o.keep_period is None:
+        return None  # every step kept
+    return pp.NativePreservation(o.preservation_policy or pp.default_policy(max_to_keep=o.max_to_keep,
+                                                                            keep_period=o.keep_period))
 
 
 # ---- args and results -----------------------------------------------------------------------
@@ -318,8 +224,7 @@ class CheckpointManager:
         replicas = int(np.asarray(global_mesh.devices).shape[o.replica_axis_index])
         if replicas <= 0:
             raise ValueError(f"Slice count must be positive, but got {replicas} for mesh {global_mesh}.")
-        local_policy: Any = _save_policy(o.local.save_interval_steps, o.local.should_save_fn,
-                                         o.local.save_decision_policy)
+        local_policy: Any = _save_policy(o.local)
         if o.local.read_only or replicas == 1:
             local_policy = _Never()
         fmt = o.step_name_format if isinstance(o.step_name_format, StepNameFormat) else None
@@ -328,8 +233,7 @@ class CheckpointManager:
             local_directory, persistent_directory, global_mesh=global_mesh, abstract_state=abstract_state,
             replica_axis_index=o.replica_axis_index, local_policy=local_policy,
             local_preservation=_local_keep(o.local),
-            persistent_policy=_save_policy(o.persistent.save_interval_steps, o.persistent.should_save_fn,
-                                           o.persistent.save_decision_policy),
+            persistent_policy=_save_policy(o.persistent),
             persistent_preservation=_persistent_keep(o.persistent), async_save=o.enable_async_checkpointing,
             step_name_format=fmt, coordination_timeout_secs=float(timeout),
             persistent_item="default" if replicas > 1 else _STATE)

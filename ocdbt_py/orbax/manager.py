@@ -13,18 +13,16 @@ import dataclasses
 import datetime
 import os
 import pathlib
-import threading
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
 
 from ocdbt_py.checkpoint.manager.manager import CheckpointManager as NativeManager
+from ocdbt_py.checkpoint.manager.manager import StepAlreadyExistsError
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
-from ocdbt_py.checkpoint.manager.save_policy import SpecificSteps
 from ocdbt_py.checkpoint.meta import list_steps
 from ocdbt_py.checkpoint.restore.api import resolve
-from ocdbt_py.errors import NotFoundError, StorageError, UnsupportedError
+from ocdbt_py.errors import NotFoundError, UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
-from ocdbt_py.kvstore.local import key_below, open_dir_beneath
 from ocdbt_py.kvstore.prefixed import PrefixStore
 from ocdbt_py.orbax import args as args_lib
 from ocdbt_py.orbax import preservation as pp
@@ -42,26 +40,13 @@ from ocdbt_py.orbax.metadata import (
 )
 from ocdbt_py.orbax.options import AsyncOptions, FileOptions, MultiprocessingOptions
 from ocdbt_py.orbax.path.step import native_format
+from ocdbt_py.orbax.preservation import CheckpointInfo
 
 __all__ = ["CheckpointManager", "CheckpointManagerOptions", "CheckpointInfo", "StepAlreadyExistsError",
            "DEFAULT_ITEM_NAME", "METRIC_ITEM_NAME"]
 
 DEFAULT_ITEM_NAME = "default"
 METRIC_ITEM_NAME = "metrics"
-
-
-class StepAlreadyExistsError(ValueError):
-    """``save`` was asked to write a step the manager already tracks."""
-
-
-@dataclasses.dataclass
-class CheckpointInfo:
-    """A tracked checkpoint: ``step``, ``time`` (UTC; the save's start, or the commit time of
-    a step found on storage) and ``metrics``."""
-
-    step: int
-    time: datetime.datetime
-    metrics: Any = None
 
 
 @dataclasses.dataclass
@@ -131,41 +116,16 @@ class CheckpointManagerOptions:
         self.save_on_steps = frozenset(self.save_on_steps or ())  # type: ignore[call-overload]
 
 
-def _should_save_fn_policy(fn: Callable[[int, int | None], bool]) -> sdp.SaveDecisionPolicy:
-    class _ShouldSaveFn:
-        def should_save(self, step: Any, previous_steps: Sequence[Any], *, context: Any) -> bool:
-            return bool(fn(step.step, previous_steps[-1].step if previous_steps else None))
-
-    return _ShouldSaveFn()
-
-
 def default_save_decision_policy(o: CheckpointManagerOptions) -> sdp.SaveDecisionPolicy:
     """The policy Orbax builds from ``save_interval_steps``/``save_on_steps``/``should_save_fn``."""
-    policies: list[Any] = []
-    if o.should_save_fn is not None:
-        policies += [_should_save_fn_policy(o.should_save_fn), sdp.PreemptionCheckpointingPolicy()]
-    else:
-        if o.save_interval_steps is not None:
-            policies.append(sdp.FixedIntervalPolicy(o.save_interval_steps))
-        if o.save_on_steps is not None:
-            policies.append(sdp.SpecificStepsPolicy(o.save_on_steps))
-        policies += [sdp.PreemptionCheckpointingPolicy(), sdp.InitialSavePolicy()]
-    return sdp.AnySavePolicy(policies)
+    return sdp.default_policy(o.save_interval_steps, o.save_on_steps, o.should_save_fn)
 
 
 def default_preservation_policy(o: CheckpointManagerOptions) -> pp.PreservationPolicy:
     """The policy Orbax builds from ``max_to_keep``/``keep_period``/``keep_time_interval``/``best_fn``."""
-    policies: list[Any] = []
-    if o.keep_period is not None:
-        policies.append(pp.EveryNSteps(o.keep_period))
-    if o.keep_time_interval is not None:
-        policies.append(pp.EveryNSeconds(interval_secs=int(o.keep_time_interval.total_seconds())))
-    if o.best_fn is not None:
-        policies.append(pp.BestN(get_metric_fn=o.best_fn, reverse=o.best_mode == "min", n=o.max_to_keep,
-                                 keep_checkpoints_without_metrics=o.keep_checkpoints_without_metrics))
-    else:
-        policies.append(pp.LatestN(n=o.max_to_keep))
-    return pp.AnyPreservationPolicy(policies)
+    return pp.default_policy(max_to_keep=o.max_to_keep, keep_period=o.keep_period,
+                             keep_time_interval=o.keep_time_interval, best_fn=o.best_fn, best_mode=o.best_mode,
+                             keep_checkpoints_without_metrics=o.keep_checkpoints_without_metrics)
 
 
 def _no_args_in_items(items: Any) -> None:
@@ -187,14 +147,6 @@ def _create_root(directory: str | os.PathLike[str], o: CheckpointManagerOptions)
     if not local.exists() and utils.is_primary_host(o.multiprocessing_options.primary_host):
         mode = o.file_options.path_permission_mode if o.file_options else None
         local.mkdir(parents=True, exist_ok=True, **({"mode": mode} if mode is not None else {}))
-
-
-def _utc(seconds: float) -> datetime.datetime:
-    return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
-
-
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(tz=datetime.timezone.utc)
 
 
 class CheckpointManager:
@@ -221,10 +173,18 @@ class CheckpointManager:
         fmt = self._name_format(o)
         if o.create and not o.read_only and isinstance(directory, (str, os.PathLike)):
             _create_root(directory, o)
-        self._native = NativeManager(directory, save_policy=SpecificSteps(()), preservation=None,
-                                     async_save=o.enable_async_checkpointing, step_name_format=fmt,
-                                     storage_options=storage_options, cleanup=o.cleanup_tmp_directories,
-                                     read_only=o.read_only)
+        self._save_policy = o.save_decision_policy or default_save_decision_policy(o)
+        self._preservation = o.preservation_policy or default_preservation_policy(o)
+        callback = o.async_options.post_finalization_callback if o.async_options else None
+        # the native manager decides and keeps the steps, asking Orbax's policies through adapters
+        self._native = NativeManager(
+            directory, save_policy=sdp.NativeSaveDecision(
+                self._save_policy, multiprocessing_options=o.multiprocessing_options,
+                busy_check=o.enable_should_save_is_saving_in_progress_check,
+                reached_preemption=utils.reached_preemption),
+            preservation=pp.NativePreservation(self._preservation), retention="orbax", on_commit=callback,
+            todelete_subdir=o.todelete_subdir, async_save=o.enable_async_checkpointing, step_name_format=fmt,
+            storage_options=storage_options, cleanup=o.cleanup_tmp_directories, read_only=o.read_only)
         self._default: bool | None = None
         handlers: dict[str, CheckpointHandler] = {}
         self._legacy = checkpointers is not None
@@ -259,17 +219,9 @@ class CheckpointManager:
             self._default = False
             handlers.update(item_handlers)
         self._handler = CompositeCheckpointHandler(*(item_names or ()), **handlers)
-        self._save_policy = o.save_decision_policy or default_save_decision_policy(o)
-        self._preservation = o.preservation_policy or default_preservation_policy(o)
         self._root_metadata: RootMetadata | None = None
         if metadata is not None and o.save_root_metadata and not o.read_only and self._native.is_primary:
             write_root_metadata(self._native.kv, dict(metadata))
-        self._lock = threading.Lock()
-        self._checkpoints: list[CheckpointInfo] = []
-        self._saving = False
-        self._finalizer: threading.Thread | None = None
-        self._finalize_error: BaseException | None = None
-        self._finalize_step: int | None = None
         self.reload()
 
     @staticmethod
@@ -293,25 +245,17 @@ class CheckpointManager:
     def reload(self) -> None:
         """Re-read the steps on storage."""
         self._native.reload()
-        infos = []
-        for s in self._native.all_steps():
-            info = self._native.step_info(s)
-            metrics = dict(info.metrics) if info.metrics is not None else None
-            infos.append(CheckpointInfo(s, _utc(info.time), metrics))
-        with self._lock:
-            self._checkpoints = infos
 
     def all_steps(self, read: bool = False) -> Sequence[int]:
         """The tracked steps, oldest first (a step being saved counts)."""
         if read:
             self.reload()
-        with self._lock:
-            return [c.step for c in self._checkpoints]
+        return self._native.all_steps(in_flight=True)
 
     def latest_step(self) -> int | None:
         """The newest tracked step, or ``None``."""
-        with self._lock:
-            return self._checkpoints[-1].step if self._checkpoints else None
+        steps = self._native.all_steps(in_flight=True)
+        return steps[-1] if steps else None
 
     @property
     def _track_best(self) -> bool:
@@ -321,8 +265,7 @@ class CheckpointManager:
         """The best step by ``best_fn``/``best_mode`` (the latest step without ``best_fn``)."""
         if not self._track_best:
             return self.latest_step()
-        with self._lock:
-            scored = [c for c in self._checkpoints if c.metrics is not None]
+        scored = [c for c in self._native.step_infos(in_flight=True) if c.metrics is not None]
         if not scored:
             return None
         fn = self._options.best_fn
@@ -339,8 +282,8 @@ class CheckpointManager:
         return dict(m) if m is not None else None
 
     def is_saving_in_progress(self) -> bool:
-        """Whether a save has not finished (commit and deletions)."""
-        return self._saving
+        """Whether a save has not committed yet."""
+        return self._native.is_saving_in_progress()
 
     def reached_preemption(self, step: int) -> bool:
         """Whether JAX's preemption sync point is reached (multi-process JAX jobs only)."""
@@ -351,16 +294,7 @@ class CheckpointManager:
         checkpoints, after the step is newer than the latest."""
         if self._options.read_only:
             return False
-        last = self.latest_step()
-        if last is not None and last >= step:
-            return False
-        busy = self.is_saving_in_progress() if self._options.enable_should_save_is_saving_in_progress_check else False
-        ctx = sdp.DecisionContext(is_saving_in_progress=busy, reached_preemption=self.reached_preemption(step),
-                                  multiprocessing_options=self._options.multiprocessing_options)
-        with self._lock:
-            previous = list(self._checkpoints)
-        return bool(self._save_policy.should_save(CheckpointInfo(step, _now(), None), previous_steps=previous,
-                                                  context=ctx))
+        return self._native.should_save(step)
 
     # ---- saving ---------------------------------------------------------------------------
 
@@ -418,101 +352,16 @@ class CheckpointManager:
             raise StepAlreadyExistsError(f"Checkpoint for step {step} already exists.")
         natives, opts = self._handler.to_native_items(cargs)
         write = metrics is not None and self._track_best and not self._options.prevent_write_metrics
-        self._saving = True
-        try:
-            self._native.save(step, natives, metrics=metrics if write else None, force=True,
-                              custom_metadata=custom_metadata, save_options=opts)
-        except BaseException:
-            self._saving = False
-            raise
-        with self._lock:
-            self._checkpoints.append(CheckpointInfo(step, _now(), metrics))
-            flags = self._preservation.should_preserve(list(self._checkpoints), context=pp.PreservationContext())
-            remove = [c.step for c, keep in zip(self._checkpoints, flags) if not keep]
-            self._checkpoints = [c for c in self._checkpoints if c.step not in remove]
-        self._finalize_step = step
-        if self._options.enable_async_checkpointing:
-            t = threading.Thread(target=self._finalize, args=(remove,), name=f"ocdbt-orbax-finalize:{step}")
-            self._finalizer = t
-            t.start()
-        else:
-            self._finalize(remove)
-            self._raise_finalize_error()
+        self._native.save(step, natives, metrics=metrics, write_metrics=write, force=True,
+                          custom_metadata=custom_metadata, save_options=opts)
         return True
-
-    def _finalize(self, remove: list[int]) -> None:
-        try:
-            self._native.wait_until_finished()
-            for s in remove:
-                self._delete_stored(s)
-            cb = self._options.async_options.post_finalization_callback if self._options.async_options else None
-            if cb is not None:
-                cb()
-        except BaseException as e:  # noqa: BLE001 - raised by wait_until_finished
-            self._finalize_error = e
-        finally:
-            self._saving = False
-
-    def _delete_stored(self, step: int) -> None:
-        sub = self._options.todelete_subdir
-        if sub is not None and self._native.is_primary:
-            self._move_to_subdir(step, sub)
-        try:
-            self._native.delete(step)
-        except NotFoundError:
-            pass  # already gone (deleted by someone else)
-
-    def _move_to_subdir(self, step: int, sub: str) -> None:
-        """``todelete_subdir``: keep the step under ``<root>/<sub>/`` (renamed on local disks,
-        copied elsewhere); the native delete then removes whatever is left."""
-        name = self._native.step_name_format.name(step)
-        kv = self._native.kv
-        src, dst_dir, root = kv.local_path(name), kv.local_path(sub), kv.no_follow_root()
-        src_key = key_below(root, src) if root and src else None
-        dst_key = key_below(root, dst_dir) if root and dst_dir else None
-        if root is not None and src_key is not None and dst_key is not None:
-            # renamed between directory descriptors opened below the root with no link followed
-            # (a linked <sub> or step parent gets an error; a linked step moves as the link itself)
-            *src_dirs, src_name = src_key.split("/")
-            try:
-                sfd = open_dir_beneath(root, src_dirs, url=kv.url)
-                try:
-                    dfd = open_dir_beneath(root, dst_key.split("/"), create=True, url=kv.url)
-                    try:
-                        os.rename(src_name, name, src_dir_fd=sfd, dst_dir_fd=dfd)
-                    finally:
-                        os.close(dfd)
-                finally:
-                    os.close(sfd)
-            except OSError as e:
-                raise StorageError(f"cannot move {src} into {dst_dir}: {e}") from e
-            return
-        for key in list(kv.list(f"{name}/")):
-            data = kv.get(key)
-            if data is not None:
-                kv.set(f"{sub}/{key}", data)
-
-    def _raise_finalize_error(self) -> None:
-        err, self._finalize_error = self._finalize_error, None
-        if err is not None:
-            step = self._finalize_step
-            with self._lock:
-                self._checkpoints = [c for c in self._checkpoints if c.step != step]
-            raise err
 
     def wait_until_finished(self) -> None:
         """Block until the last save is committed and its deletions done; raise its error."""
-        t = self._finalizer
-        if t is not None:
-            t.join()
-            self._finalizer = None
-        self._raise_finalize_error()
+        self._native.wait_until_finished()
 
     def check_for_errors(self) -> None:
         """Raise the error of a finished background save, if any."""
-        t = self._finalizer
-        if t is not None and not t.is_alive():
-            self.wait_until_finished()
         self._native.check_for_errors()
 
     def delete(self, step: int) -> None:
@@ -521,9 +370,9 @@ class CheckpointManager:
             return
         if step not in self.all_steps():
             raise FileNotFoundError(f"Requested deleting a non-existent step: {step}.")
-        self._delete_stored(step)
-        with self._lock:
-            self._checkpoints = [c for c in self._checkpoints if c.step != step]
+        if step not in self._native.all_steps():
+            self.wait_until_finished()  # still being committed
+        self._native.delete(step)
 
     # ---- restoring ------------------------------------------------------------------------
 

@@ -28,11 +28,14 @@ class AsyncOptions:
 
 @dataclasses.dataclass
 class MultiprocessingOptions:
-    """Which process is primary (only 0 is supported for saving) and which take part."""
+    """Which process is primary (only 0 is supported for saving) and which take part; the
+    emergency manager's ``coordination_timeout_secs`` (how long processes wait for each
+    other) too: one class serves both of Orbax's (``ocp.options`` and ``emergency``)."""
 
     primary_host: int | None = 0
     active_processes: set[int] | None = None
     barrier_sync_key_prefix: str | None = None
+    coordination_timeout_secs: int = 120
 
 
 @dataclasses.dataclass(frozen=True)

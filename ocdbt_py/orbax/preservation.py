@@ -2,19 +2,26 @@
 
 Same names, fields and answers as ``orbax.checkpoint.checkpoint_managers`` (0.12.8).  A policy
 gets every checkpoint the manager tracks (oldest first, the one just saved last) and answers
-one ``bool`` per checkpoint; the manager deletes the others -- including, unlike
-:mod:`ocdbt_py.checkpoint.manager.preservation`, the newest one when the policy says so
-(``spec/orbax-api.md``).
+one ``bool`` per checkpoint; the manager deletes the others -- including the newest one when
+the policy says so (``spec/orbax-api.md``).
+
+Each class is Orbax's face of a policy of :mod:`ocdbt_py.checkpoint.manager.preservation`,
+where the rules are written once: it turns the checkpoints into native ``StepInfo``, asks the
+native policy and answers one flag per checkpoint.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ocdbt_py.checkpoint.manager import preservation as native
+
 __all__ = [
+    "CheckpointInfo",
     "PolicyCheckpointInfo",
     "PreservationContext",
     "PreservationPolicy",
@@ -27,6 +34,8 @@ __all__ = [
     "AnyPreservationPolicy",
     "BestN",
     "LatestDuration",
+    "default_policy",
+    "NativePreservation",
 ]
 
 
@@ -37,6 +46,17 @@ class PolicyCheckpointInfo(Protocol):
     step: int
     metrics: dict[str, Any] | None
     time: datetime.datetime
+
+
+@dataclasses.dataclass
+class CheckpointInfo:
+    """A checkpoint as Orbax's managers track it and hand it to policies (Orbax's
+    ``checkpoint_manager.CheckpointInfo``): ``step``, ``time`` (UTC; when its save started,
+    or its commit time when found on storage) and ``metrics``."""
+
+    step: int
+    time: datetime.datetime
+    metrics: Any = None
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -54,13 +74,29 @@ class PreservationPolicy(Protocol):
         ...
 
 
-def _keep_newest(flags: list[bool], n: int | None) -> list[bool]:
-    """Clear every set flag but the last ``n`` (``None``: no limit)."""
-    if n is None:
-        return flags
-    set_at = [i for i, f in enumerate(flags) if f]
-    for i in set_at[: max(0, len(set_at) - n)]:
-        flags[i] = False
+_log = logging.getLogger("ocdbt_py.orbax.preservation")
+
+
+def _log_preservation_decision(policy_name: str, checkpoints: Sequence[PolicyCheckpointInfo],
+                               should_preserve_list: Sequence[bool]) -> None:
+    """Log a policy's decision per checkpoint at DEBUG level (Orbax's helper of the same
+    name and arguments, which custom policies call)."""
+    if _log.isEnabledFor(logging.DEBUG):
+        for checkpoint, keep in zip(checkpoints, should_preserve_list):
+            _log.debug(" %s: %s checkpoint at step %s.", policy_name, "Preserving" if keep else "Not preserving",
+                       checkpoint.step)
+
+
+def step_infos(checkpoints: Sequence[PolicyCheckpointInfo]) -> list[native.StepInfo]:
+    """Orbax's checkpoint infos (``time`` a datetime) as native ``StepInfo`` (epoch seconds)."""
+    return [native.StepInfo(c.step, c.time.timestamp(), c.metrics) for c in checkpoints]
+
+
+def _flags(name: str, policy: native.PreservationPolicy, checkpoints: Sequence[PolicyCheckpointInfo]) -> list[bool]:
+    """A native policy's answer as one flag per checkpoint (logged as Orbax logs it)."""
+    keep = policy.keep(step_infos(checkpoints))
+    flags = [c.step in keep for c in checkpoints]
+    _log_preservation_decision(name, checkpoints, flags)
     return flags
 
 
@@ -71,7 +107,7 @@ class PreserveAll:
     def should_preserve(self, checkpoints: Sequence[PolicyCheckpointInfo], *,
                         context: PreservationContext) -> Sequence[bool]:
         """All ``True``."""
-        return [True for _ in checkpoints]
+        return _flags("PreserveAll", native.PreserveAll(), checkpoints)
 
 
 @dataclasses.dataclass
@@ -83,10 +119,8 @@ class LatestN:
     def should_preserve(self, checkpoints: Sequence[PolicyCheckpointInfo], *,
                         context: PreservationContext) -> Sequence[bool]:
         """The last ``n`` flags set."""
-        count = len(checkpoints)
-        if self.n is None or count <= self.n:
-            return [True] * count
-        return [i >= count - self.n for i in range(count)]
+        policy = native.PreserveAll() if self.n is None else native.LatestN(max(self.n, 0))
+        return _flags(f"LatestN (n={self.n})", policy, checkpoints)
 
 
 @dataclasses.dataclass
@@ -98,15 +132,8 @@ class EveryNSeconds:
     def should_preserve(self, checkpoints: Sequence[PolicyCheckpointInfo], *,
                         context: PreservationContext) -> Sequence[bool]:
         """One checkpoint per interval, by time."""
-        flags: list[bool] = []
-        anchor: datetime.datetime | None = None
-        gap = datetime.timedelta(seconds=self.interval_secs)
-        for info in checkpoints:
-            keep = anchor is None or info.time - anchor >= gap
-            if keep:
-                anchor = info.time
-            flags.append(keep)
-        return flags
+        policy = native.EveryNSeconds(self.interval_secs) if self.interval_secs > 0 else native.PreserveAll()
+        return _flags(f"EveryNSeconds (interval_secs={self.interval_secs})", policy, checkpoints)
 
 
 def _check_interval(n: int) -> None:
@@ -128,17 +155,8 @@ class EveryNSteps:
                         context: PreservationContext) -> Sequence[bool]:
         """Flags by step number."""
         _check_interval(self.interval_steps)
-        if self.exact_interval:
-            flags = [c.step % self.interval_steps == 0 for c in checkpoints]
-        else:
-            flags = []
-            last: int | None = None
-            for c in checkpoints:
-                keep = last is None or c.step - last >= self.interval_steps
-                if keep:
-                    last = c.step
-                flags.append(keep)
-        return _keep_newest(flags, self.max_to_keep)
+        policy = native.EveryNSteps(abs(self.interval_steps), self.max_to_keep, exact=self.exact_interval)
+        return _flags(f"EveryNSteps (interval_steps={self.interval_steps})", policy, checkpoints)
 
 
 @dataclasses.dataclass
@@ -153,18 +171,8 @@ class EveryNStepsClosest:
                         context: PreservationContext) -> Sequence[bool]:
         """Flags by distance to the grid."""
         _check_interval(self.interval_steps)
-        if not checkpoints:
-            return []
-        closest: dict[int, tuple[int, int]] = {}  # grid index -> (distance, checkpoint index)
-        for i, c in enumerate(checkpoints):
-            k = round(c.step / self.interval_steps)
-            d = abs(c.step - k * self.interval_steps)
-            if k not in closest or d <= closest[k][0]:
-                closest[k] = (d, i)
-        chosen = {i for _, i in closest.values()}
-        flags = [i in chosen for i in range(len(checkpoints))]
-        flags[-1] = True
-        return _keep_newest(flags, self.max_to_keep)
+        policy = native.NearestEveryNSteps(abs(self.interval_steps), self.max_to_keep)
+        return _flags(f"EveryNStepsClosest (interval_steps={self.interval_steps})", policy, checkpoints)
 
 
 @dataclasses.dataclass
@@ -180,7 +188,7 @@ class CustomSteps:
     def should_preserve(self, checkpoints: Sequence[PolicyCheckpointInfo], *,
                         context: PreservationContext) -> Sequence[bool]:
         """Whether each step is listed."""
-        return [c.step in self._steps_set for c in checkpoints]
+        return _flags("CustomSteps", native.CustomSteps(self._steps_set), checkpoints)
 
 
 @dataclasses.dataclass
@@ -198,6 +206,7 @@ class AnyPreservationPolicy:
             if len(answer) != len(flags):
                 raise ValueError(f"{policy!r} answered {len(answer)} flags for {len(flags)} checkpoints")
             flags = [a or bool(b) for a, b in zip(flags, answer)]
+        _log_preservation_decision("AnyPreservationPolicy", checkpoints, flags)
         return flags
 
 
@@ -205,10 +214,10 @@ class AnyPreservationPolicy:
 class BestN:
     """Keep the ``n`` best checkpoints by ``get_metric_fn(metrics)``.
 
-    Checkpoints are sorted ascending by the metric (descending with ``reverse``) and the last
-    ``n`` are kept, so ``reverse=False`` keeps the highest values; ``n=None`` keeps all, ``0``
-    none.  Checkpoints without metrics are kept when ``keep_checkpoints_without_metrics``.
-    The newest checkpoint is deleted when it is not among the best (as in Orbax).
+    ``reverse=False`` keeps the highest values, ``reverse=True`` the lowest; among equal
+    values the newer checkpoint wins; ``n=None`` keeps all, ``0`` none.  Checkpoints without
+    metrics are kept when ``keep_checkpoints_without_metrics``.  The newest checkpoint is
+    deleted when it is not among the best (as in Orbax).
     """
 
     get_metric_fn: Callable[[Any], float]
@@ -222,15 +231,11 @@ class BestN:
         count = len(checkpoints)
         if self.n is None or count <= self.n:
             return [True] * count
-        if self.n == 0:
+        if self.n <= 0:
             return [False] * count
-        scored = [i for i, c in enumerate(checkpoints) if c.metrics is not None]
-        # a stable sort: among equal metrics the later checkpoint sorts later, and is kept
-        scored.sort(key=lambda i: self.get_metric_fn(checkpoints[i].metrics), reverse=self.reverse)
-        kept = set(scored[-self.n:])
-        if self.keep_checkpoints_without_metrics:
-            kept |= {i for i, c in enumerate(checkpoints) if c.metrics is None}
-        return [i in kept for i in range(count)]
+        policy = native.BestN(self.n, self.get_metric_fn, "min" if self.reverse else "max",
+                              keep_checkpoints_without_metrics=self.keep_checkpoints_without_metrics)
+        return _flags(f"BestN (n={self.n})", policy, checkpoints)
 
 
 @dataclasses.dataclass
@@ -242,6 +247,49 @@ class LatestDuration:
     def should_preserve(self, checkpoints: Sequence[PolicyCheckpointInfo], *,
                         context: PreservationContext) -> Sequence[bool]:
         """``False`` up to the first recent checkpoint, ``True`` from it on."""
-        now = datetime.datetime.now(tz=datetime.timezone.utc)
-        first = next((i for i, c in enumerate(checkpoints) if now - c.time <= self.duration), len(checkpoints))
-        return [i >= first for i in range(len(checkpoints))]
+        policy = native.Recent(max(self.duration.total_seconds(), 0.0))
+        return _flags(f"LatestDuration (duration={self.duration})", policy, checkpoints)
+
+
+def default_policy(*, max_to_keep: int | None = None, keep_period: int | None = None,
+                   keep_time_interval: datetime.timedelta | None = None, best_fn: Callable[[Any], float] | None = None,
+                   best_mode: str = "max", keep_checkpoints_without_metrics: bool = True) -> PreservationPolicy:
+    """The policy Orbax's managers build from ``max_to_keep``/``keep_period``/
+    ``keep_time_interval``/``best_fn`` when no ``preservation_policy`` is given."""
+    policies: list[PreservationPolicy] = []
+    if keep_period is not None:
+        policies.append(EveryNSteps(keep_period))
+    if keep_time_interval is not None:
+        policies.append(EveryNSeconds(interval_secs=int(keep_time_interval.total_seconds())))
+    if best_fn is not None:
+        policies.append(BestN(get_metric_fn=best_fn, reverse=best_mode == "min", n=max_to_keep,
+                              keep_checkpoints_without_metrics=keep_checkpoints_without_metrics))
+    else:
+        policies.append(LatestN(n=max_to_keep))
+    return AnyPreservationPolicy(policies)
+
+
+def _utc(seconds: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+
+
+class NativePreservation:
+    """An Orbax ``PreservationPolicy`` (``should_preserve(checkpoints, *, context)``) as a
+    native preservation policy, for the native managers under ``ocp.CheckpointManager`` and
+    the emergency manager."""
+
+    def __init__(self, policy: PreservationPolicy):
+        self.policy = policy
+
+    def keep(self, steps: Sequence[native.StepInfo]) -> set[int]:
+        """The steps the Orbax policy flags."""
+        infos = [CheckpointInfo(s.step, _utc(s.time), dict(s.metrics) if s.metrics is not None else None)
+                 for s in steps]
+        flags = list(self.policy.should_preserve(infos, context=PreservationContext()))
+        if len(flags) != len(infos):
+            raise ValueError(f"{type(self.policy).__name__}.should_preserve returned {len(flags)} flags "
+                             f"for {len(infos)} checkpoints")
+        return {i.step for i, f in zip(infos, flags) if f}
+
+    def __repr__(self) -> str:
+        return f"NativePreservation({self.policy!r})"

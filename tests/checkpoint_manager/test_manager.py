@@ -338,9 +338,9 @@ def test_background_retention_runs_at_lower_priority(tmp_path: Path, monkeypatch
     seen: list[int] = []
     orig = tier_mod.delete_step
 
-    def spy(kv: Any, name: str) -> None:
+    def spy(kv: Any, name: str, **kw: Any) -> None:
         seen.append(nice() - base)
-        orig(kv, name)
+        orig(kv, name, **kw)
 
     monkeypatch.setattr(tier_mod, "delete_step", spy)
     mgr = CheckpointManager(tmp_path / "r", save_policy=FixedInterval(1), preservation=LatestN(1),

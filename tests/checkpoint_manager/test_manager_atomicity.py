@@ -201,11 +201,11 @@ def test_retention_during_inflight_save(tmp_path: Path, monkeypatch: pytest.Monk
 
     mgr: CheckpointManager
 
-    def watched_delete(kv: Any, name: str) -> None:
+    def watched_delete(kv: Any, name: str, **kw: Any) -> None:
         if name == "0":  # make step 1's retention overlap step 2's save
             assert entered.wait(60), "step 2's save never reached its commit"
         snapshot = (name, sorted(p.name for p in root.iterdir()), mgr.all_steps())
-        delete_step(kv, name)
+        delete_step(kv, name, **kw)
         deletions.append(snapshot)
         deleted.set()
 

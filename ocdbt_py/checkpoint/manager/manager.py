@@ -24,7 +24,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ocdbt_py.checkpoint.layout import COMMIT_MARKER
@@ -63,8 +63,10 @@ SAVE_OPTIONS = frozenset({
 })
 
 
-class StepAlreadyExistsError(OcdbtError, FileExistsError):
-    """``save`` was asked to write a step the manager already has."""
+class StepAlreadyExistsError(OcdbtError, FileExistsError, ValueError):
+    """``save`` was asked to write a step the manager already has (a ``ValueError``, as
+    Orbax's ``checkpoint_manager.StepAlreadyExistsError``, and a ``FileExistsError``, as
+    Orbax v1's)."""
 
 
 def default_save_policy() -> sp.AnyOf:
@@ -111,6 +113,14 @@ class CheckpointManager(Lifecycle):
       ``workers``, ``sync``, ...).
     * ``cleanup``: remove leftovers of interrupted saves and deletions when opening.
     * ``read_only``: list and restore only.
+    * ``retention="after_commit"`` (default): the preservation policy is asked after each
+      commit and never drops the newest step; ``"orbax"``: as Orbax's manager, it is asked
+      when a save starts (over the committed steps and the new one), the dropped steps stop
+      being listed at once and are deleted after the commit, and the newest may be dropped.
+    * ``on_commit``: called (on the background thread) after each save commits, before the
+      step is recorded.
+    * ``todelete_subdir``: deleted steps are moved into ``<root>/<todelete_subdir>/``
+      instead of being removed (Orbax's option of the same name).
     """
 
     def __init__(
@@ -127,6 +137,9 @@ class CheckpointManager(Lifecycle):
         save_options: Mapping[str, Any] | None = None,
         cleanup: bool = True,
         read_only: bool = False,
+        retention: str = "after_commit",
+        on_commit: Callable[[], None] | None = None,
+        todelete_subdir: str | None = None,
     ):
         if step_name_format is not None and (step_prefix is not None or step_format_fixed_length is not None):
             raise ValueError("give step_name_format or step_prefix/step_format_fixed_length, not both")
@@ -152,7 +165,12 @@ class CheckpointManager(Lifecycle):
             self._id = next(_ids)
         self._closed = False
         self._preemption = PreemptionWatcher() if sp.uses(self.save_policy, sp.Preemption) else None
-        self._steps = Tier("steps", self.kv, self.step_name_format, preservation, deletes=self.is_primary)
+        if retention not in ("after_commit", "orbax"):
+            raise ValueError(f"retention must be 'after_commit' or 'orbax', not {retention!r}")
+        self._on_commit = on_commit
+        orbax = retention == "orbax"
+        self._steps = Tier("steps", self.kv, self.step_name_format, preservation, deletes=self.is_primary,
+                           decide_at_start=orbax, keep_newest=not orbax, keep_deleted_in=todelete_subdir)
         if cleanup and not self.read_only and self.is_primary:
             cleanup_root(self.kv, self.step_name_format)
         self.reload()
@@ -168,14 +186,19 @@ class CheckpointManager(Lifecycle):
         """Re-read the steps on storage (another writer may have added or deleted some)."""
         self._steps.scan()
 
-    def all_steps(self) -> list[int]:
-        """The committed steps, oldest first (saves still in flight are not listed)."""
-        return self._steps.steps()
+    def all_steps(self, *, in_flight: bool = False) -> list[int]:
+        """The committed steps, oldest first (and, with ``in_flight``, those being saved)."""
+        return self._steps.tracked() if in_flight else self._steps.steps()
 
     def latest_step(self) -> int | None:
         """The newest committed step, or ``None``."""
         steps = self._steps.steps()
         return steps[-1] if steps else None
+
+    def step_infos(self, *, in_flight: bool = False) -> list[StepInfo]:
+        """Commit time and metrics of every committed step (and, with ``in_flight``, of the
+        steps being saved: start time and given metrics), oldest first."""
+        return self._steps.tracked_infos() if in_flight else self._steps.infos()
 
     def step_info(self, step: int) -> StepInfo:
         """Commit time and metrics of a committed step."""
@@ -264,6 +287,7 @@ class CheckpointManager(Lifecycle):
         force: bool = False,
         custom_metadata: Mapping[str, Any] | None = None,
         save_options: Mapping[str, Any] | None = None,
+        write_metrics: bool = True,
     ) -> bool:
         """Save ``items`` as ``step`` if the save policy says so (or ``force``); returns
         whether a save was started.
@@ -275,7 +299,8 @@ class CheckpointManager(Lifecycle):
         layout.  ``metrics`` (a JSON dict) is stored as Orbax stores it (``metrics/metrics``)
         for :class:`~ocdbt_py.checkpoint.manager.preservation.BestN`.  With ``async_save``
         the call returns after host copies; errors surface from the next ``save``,
-        :meth:`wait_until_finished` or :meth:`check_for_errors`.
+        :meth:`wait_until_finished` or :meth:`check_for_errors`.  ``write_metrics=False``:
+        the metrics go to the preservation policy but are not stored with the step.
         """
         self._check_open()
         if self.read_only:
@@ -302,14 +327,15 @@ class CheckpointManager(Lifecycle):
             if unknown:
                 raise TypeError(f"unknown save_options {sorted(unknown)} (known: {sorted(SAVE_OPTIONS)})")
             options.update(save_options)
-        self._start_save(step, items, metrics, custom_metadata, options)
+        self._start_save(step, items, metrics, custom_metadata, options, write_metrics)
         return True
 
     def _start_save(self, step: int, items: Mapping[str, Any], metrics: Mapping[str, Any] | None,
-                    custom_metadata: Mapping[str, Any] | None, options: Mapping[str, Any]) -> None:
+                    custom_metadata: Mapping[str, Any] | None, options: Mapping[str, Any],
+                    write_metrics: bool = True) -> None:
 
         tree: dict[str, Any] = dict(items)
-        if metrics is not None:
+        if metrics is not None and write_metrics:
             tree[METRICS_ITEM] = JsonItem(metrics_json(metrics), filename=METRICS_FILE)
         name = self.step_name_format.name(step)
         self._steps.wait_recorded()  # saves run one at a time: wait for the previous commit
@@ -320,7 +346,9 @@ class CheckpointManager(Lifecycle):
         replace = writes_in_place(self.kv) and not self.kv.exists(f"{name}/{COMMIT_MARKER}")
         handle = save(PrefixStore(self.kv, name), tree, composite=True, blocking=not self.async_save,
                       force=replace, custom_metadata=custom_metadata, **options)
-        self._steps.start(step, handle, started=started, nice=background_nice() if self.async_save else 0)
+        self._steps.start(step, handle, self._on_commit, started=started,
+                          nice=background_nice() if self.async_save else 0,
+                          metrics=None if metrics is None else dict(metrics))
         if not self.async_save:
             self.wait_until_finished()
 

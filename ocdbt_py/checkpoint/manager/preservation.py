@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -21,7 +22,9 @@ __all__ = [
     "PreserveAll",
     "LatestN",
     "EveryNSteps",
+    "NearestEveryNSteps",
     "EveryNSeconds",
+    "Recent",
     "BestN",
     "CustomSteps",
     "AnyOf",
@@ -76,10 +79,45 @@ class LatestN:
         return set(ordered[max(0, len(ordered) - self.n):]) if self.n else set()
 
 
+def _newest(steps: list[int], n: int | None) -> list[int]:
+    """The last ``n`` of ``steps`` (all when ``n`` is ``None``)."""
+    if n is None:
+        return steps
+    return steps[max(0, len(steps) - n):] if n else []
+
+
 @dataclasses.dataclass(frozen=True)
 class EveryNSteps:
-    """Keep the checkpoints whose step is a multiple of ``n`` (at most ``max_to_keep`` of the
-    newest of them when given)."""
+    """Keep the checkpoints whose step is a multiple of ``n`` (``exact=False``: the oldest,
+    then each one at least ``n`` steps after the previous one kept); at most ``max_to_keep``
+    of the newest of them when given."""
+
+    n: int
+    max_to_keep: int | None = None
+    exact: bool = True
+
+    def __post_init__(self) -> None:
+        _count(self.n, "n", 1)
+        if self.max_to_keep is not None:
+            _count(self.max_to_keep, "max_to_keep")
+
+    def keep(self, steps: Sequence[StepInfo]) -> set[int]:
+        """Multiples of ``n`` (or steps ``n`` apart)."""
+        ordered = sorted(s.step for s in steps)
+        if self.exact:
+            hits = [s for s in ordered if s % self.n == 0]
+        else:
+            hits = []
+            for s in ordered:
+                if not hits or s - hits[-1] >= self.n:
+                    hits.append(s)
+        return set(_newest(hits, self.max_to_keep))
+
+
+@dataclasses.dataclass(frozen=True)
+class NearestEveryNSteps:
+    """For each multiple ``k * n``, keep the checkpoint nearest to it (the later one on ties),
+    and the newest checkpoint; at most ``max_to_keep`` of the newest of them when given."""
 
     n: int
     max_to_keep: int | None = None
@@ -90,11 +128,36 @@ class EveryNSteps:
             _count(self.max_to_keep, "max_to_keep")
 
     def keep(self, steps: Sequence[StepInfo]) -> set[int]:
-        """Multiples of ``n``."""
-        hits = sorted(s.step for s in steps if s.step % self.n == 0)
-        if self.max_to_keep is not None:
-            hits = hits[max(0, len(hits) - self.max_to_keep):] if self.max_to_keep else []
-        return set(hits)
+        """The step nearest to each multiple, and the newest."""
+        ordered = sorted(s.step for s in steps)
+        if not ordered:
+            return set()
+        nearest: dict[int, tuple[int, int]] = {}  # multiple index -> (distance, step)
+        for s in ordered:
+            k = round(s / self.n)
+            d = abs(s - k * self.n)
+            if k not in nearest or d <= nearest[k][0]:
+                nearest[k] = (d, s)
+        hits = sorted({s for _, s in nearest.values()} | {ordered[-1]})
+        return set(_newest(hits, self.max_to_keep))
+
+
+@dataclasses.dataclass(frozen=True)
+class Recent:
+    """Keep the checkpoints committed within ``seconds`` of now, and every later step."""
+
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) or self.seconds < 0:
+            raise ValueError(f"seconds must be a non-negative number, not {self.seconds!r}")
+
+    def keep(self, steps: Sequence[StepInfo]) -> set[int]:
+        """From the oldest recent step on."""
+        now = time.time()
+        ordered = sorted(steps, key=lambda s: s.step)
+        first = next((i for i, s in enumerate(ordered) if now - s.time <= self.seconds), len(ordered))
+        return {s.step for s in ordered[first:]}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.preservation import StepInfo
 from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.kvstore.local import key_below, open_dir_beneath
 from ocdbt_py.pools import map_concurrently
 
 __all__ = ["BadStepWarning", "MAX_TIME_NS", "METRICS_ITEM", "METRICS_FILE", "scan", "read_step_info", "cleanup",
@@ -145,12 +146,22 @@ def cleanup(kv: KvStore, fmt: StepNameFormat, keep: Sequence[str] = ()) -> list[
     return removed
 
 
-def delete_step(kv: KvStore, name: str) -> None:
+def delete_step(kv: KvStore, name: str, *, keep_in: str | None = None) -> None:
     """Delete a step directory so that it stops being a checkpoint at once.
 
     Locally it is renamed to a temporary name first (atomic), then removed; elsewhere its
-    commit markers go first (outermost first), then everything else.
+    commit markers go first (outermost first), then everything else.  ``keep_in`` (Orbax's
+    ``todelete_subdir``): move the step into ``<root>/<keep_in>/`` instead (renamed on local
+    disks between directories opened below the root with no link followed; copied, then
+    deleted, elsewhere).
     """
+    if keep_in is not None:
+        if _move_below(kv, name, keep_in):
+            return
+        for key in list(kv.list(f"{name}/")):
+            data = kv.get(key)
+            if data is not None:
+                kv.set(f"{keep_in}/{key}", data)
     path = kv.local_path(name)
     if path is not None:
         trash = f"{path}{_DELETING}{uuid.uuid4().hex[:8]}"
@@ -163,6 +174,32 @@ def delete_step(kv: KvStore, name: str) -> None:
         shutil.rmtree(trash, ignore_errors=True)
         return
     _remove_dir(kv, name)
+
+
+def _move_below(kv: KvStore, name: str, sub: str) -> bool:
+    """Rename step ``name`` to ``<sub>/<name>`` on a local root (``False``: not a local root).
+    A linked ``sub`` or step parent gets an error; a linked step moves as the link itself."""
+    src, dst_dir, root = kv.local_path(name), kv.local_path(sub), kv.no_follow_root()
+    src_key = key_below(root, src) if root and src else None
+    dst_key = key_below(root, dst_dir) if root and dst_dir else None
+    if root is None or src_key is None or dst_key is None:
+        return False
+    *src_dirs, src_name = src_key.split("/")
+    try:
+        sfd = open_dir_beneath(root, src_dirs, url=kv.url)
+        try:
+            dfd = open_dir_beneath(root, dst_key.split("/"), create=True, url=kv.url)
+            try:
+                os.rename(src_name, src_name, src_dir_fd=sfd, dst_dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        finally:
+            os.close(sfd)
+    except FileNotFoundError:
+        return True  # already gone
+    except OSError as e:
+        raise StorageError(f"cannot move {src} into {dst_dir}: {e}") from e
+    return True
 
 
 def _remove_dir(kv: KvStore, name: str) -> None:

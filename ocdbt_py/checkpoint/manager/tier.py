@@ -9,6 +9,12 @@ just forget the steps.  A tier without a store only tracks steps other processes
 A tier given ``shared_infos`` applies retention to the union of its own steps and those
 (steps other processes hold, identical in every process), so that every process drops the
 same steps; ``on_forget`` is then called for the shared steps it drops too.
+
+Retention runs after each commit over the committed steps and never drops the newest one.
+Orbax's manager decides differently, and a tier can do it its way: ``decide_at_start`` asks
+the policy when a save starts, over the committed steps plus the new one (timed at its start,
+with the metrics it was given), stops tracking the dropped steps at once and deletes them
+after the commit; ``keep_newest=False`` lets the policy drop the newest step too.
 """
 
 from __future__ import annotations
@@ -36,8 +42,12 @@ class Tier:
     def __init__(self, label: str, kv: KvStore | None, fmt: StepNameFormat,
                  preservation: PreservationPolicy | None, *, deletes: bool,
                  on_forget: Callable[[int], None] | None = None,
-                 shared_infos: Callable[[], dict[int, StepInfo]] | None = None):
+                 shared_infos: Callable[[], dict[int, StepInfo]] | None = None,
+                 decide_at_start: bool = False, keep_newest: bool = True, keep_deleted_in: str | None = None):
         self.label = label
+        self.keep_deleted_in = keep_deleted_in
+        self.decide_at_start = decide_at_start
+        self.keep_newest = keep_newest
         self.kv = kv
         self.fmt = fmt
         self.preservation = preservation
@@ -53,6 +63,9 @@ class Tier:
         self._on_forget = on_forget
         self._shared_infos = shared_infos
         self._recorded: threading.Event | None = None  # set once the newest save's outcome is recorded
+        self._leaving: dict[int, list[str]] = {}  # decide_at_start: step -> directories dropped when it started
+        self._doomed: set[int] = set()  # decide_at_start: steps being saved that the policy already dropped
+        self._given_metrics: dict[int, Any] = {}  # metrics given to start() for steps that do not store them
 
     # ---- queries --------------------------------------------------------------------------
 
@@ -63,9 +76,8 @@ class Tier:
         names, infos = scan(self.kv, self.fmt)
         with self._lock:
             self._names, self._infos = names, infos
-            if infos and not self._saves:
-                last = infos[max(infos)]
-                self._saves.append(sp.SavedStep(last.step, last.time, last.time))
+            flying = [s for s in self._saves if s.step in self._in_flight]
+            self._saves = [sp.SavedStep(i.step, i.time, i.time) for _, i in sorted(infos.items())] + flying
 
     def set_known(self, steps: set[int]) -> None:
         """Replace the tracked steps (a tier without a store: what another process listed)."""
@@ -77,6 +89,21 @@ class Tier:
         """Committed (or, without a store, known) steps, oldest first."""
         with self._lock:
             return sorted(self._names)
+
+    def tracked(self) -> list[int]:
+        """Committed steps and steps being saved, oldest first."""
+        with self._lock:
+            return sorted({*self._names, *self._in_flight} - self._doomed)
+
+    def tracked_infos(self) -> list[StepInfo]:
+        """:meth:`infos`, and the steps being saved (timed at their start, with the metrics
+        they were given), oldest first."""
+        with self._lock:
+            out = dict(self._infos)
+            for s in self._saves:
+                if s.step in self._in_flight and s.step not in self._doomed:
+                    out[s.step] = StepInfo(s.step, s.start_time, self._given_metrics.get(s.step))
+            return [out[s] for s in sorted(out)]
 
     def name(self, step: int) -> str | None:
         """The directory name of a committed step (``None`` when not committed)."""
@@ -124,17 +151,22 @@ class Tier:
     # ---- saving ---------------------------------------------------------------------------
 
     def start(self, step: int, handle: Any, after_commit: Callable[[], None] | None = None, *,
-              started: float | None = None, nice: int = 0) -> None:
+              started: float | None = None, nice: int = 0, metrics: Any = None) -> None:
         """Track a started save of ``step``: when ``handle`` finishes, run ``after_commit``,
         record the step and apply retention (in the order saves were started).  ``started``:
         when the save began (default: now); ``nice``: run that (and the deletions of local
-        steps) at that much lower priority than the caller (a training loop's next copy)."""
+        steps) at that much lower priority than the caller (a training loop's next copy);
+        ``metrics``: the step's metrics when they are not stored with it."""
         name = self.fmt.name(step)
         if started is None:
             started = time.time()
         with self._lock:
             self._in_flight.add(step)
             self._saves.append(sp.SavedStep(step, started, None))
+            if metrics is not None:
+                self._given_metrics[step] = metrics
+        if self.decide_at_start:
+            self._decide_now(step, started)
         self._handle = handle
         previous = self._finisher
         recorded = threading.Event()
@@ -151,7 +183,7 @@ class Tier:
         with self._lock:
             self._names[step] = self.fmt.name(step)
             self._infos[step] = StepInfo(step, now)
-            self._saves = [*self._saves, sp.SavedStep(step, now, now)][-64:]
+            self._saves = [*self._saves, sp.SavedStep(step, now, now)]
         self._retain()
 
     def _finish(self, step: int, name: str, started: float, handle: Any, after: Callable[[], None] | None,
@@ -168,7 +200,10 @@ class Tier:
         if not ok:
             return
         try:
-            self._retain()
+            if self.decide_at_start:
+                self._delete_left(step)
+            else:
+                self._retain()
         except BaseException as e:  # noqa: BLE001
             with self._lock:
                 self._errors.append(e)
@@ -182,6 +217,9 @@ class Tier:
         except BaseException as e:  # noqa: BLE001 - reported by check_for_errors
             with self._lock:
                 self._in_flight.discard(step)
+                self._given_metrics.pop(step, None)
+                self._leaving.pop(step, None)  # not deleted: a reload finds them again
+                self._doomed.discard(step)
                 self._saves = [s for s in self._saves if s.step != step]
                 self._errors.append(e)
             return False
@@ -192,11 +230,52 @@ class Tier:
             except OcdbtError:
                 pass
         with self._lock:
+            given = self._given_metrics.pop(step, None)
+        if info.metrics is None and given is not None:
+            info = StepInfo(info.step, info.time, given)
+        if self.decide_at_start:
+            info = StepInfo(info.step, started, info.metrics)  # tracked by when its save began
+        with self._lock:
             self._in_flight.discard(step)
+            if step in self._doomed:
+                self._doomed.discard(step)
+                self._saves = [s for s in self._saves if s.step != step]
+                return True
             self._names[step] = name
             self._infos[step] = info
-            self._saves = [s if s.step != step else sp.SavedStep(step, started, info.time) for s in self._saves][-64:]
+            self._saves = [s if s.step != step else sp.SavedStep(step, started, info.time) for s in self._saves]
         return True
+
+    def _decide_now(self, step: int, started: float) -> None:
+        """``decide_at_start``: ask the policy over the committed steps plus ``step``; stop
+        tracking the dropped ones (deleted once ``step`` commits)."""
+        if self.preservation is None:
+            return
+        with self._lock:
+            infos = [self._infos[s] for s in sorted(self._infos)]
+            infos.append(StepInfo(step, started, self._given_metrics.get(step)))
+            keep = set(self.preservation.keep(infos))
+            if self.keep_newest:
+                keep.add(step)
+            dropped = [i.step for i in infos if i.step not in keep and (i.step == step or i.step not in self._in_flight)]
+            names = [n for s in dropped if (n := self._names.pop(s, None)) is not None]
+            if step in dropped:  # Orbax drops a new step that is not among the best once it commits
+                self._doomed.add(step)
+                names.append(self.fmt.name(step))
+            for s in dropped:
+                self._infos.pop(s, None)
+            self._saves = [s for s in self._saves if s.step not in dropped]
+            self._leaving[step] = names
+        if self._on_forget is not None:
+            for s in dropped:
+                self._on_forget(s)
+
+    def _delete_left(self, step: int) -> None:
+        with self._lock:
+            names = self._leaving.pop(step, [])
+        if self.deletes and self.kv is not None:
+            for name in names:
+                delete_step(self.kv, name, keep_in=self.keep_deleted_in)
 
     def _retain(self) -> None:
         if self.preservation is None:
@@ -210,7 +289,8 @@ class Tier:
             return
         infos = [merged[s] for s in sorted(merged)]
         keep = set(self.preservation.keep(infos))
-        keep.add(infos[-1].step)  # never the newest committed step
+        if self.keep_newest:
+            keep.add(infos[-1].step)  # never the newest committed step
         for s in [i.step for i in infos if i.step not in keep and i.step not in busy]:
             if s in own:
                 self.forget(s)
@@ -218,14 +298,26 @@ class Tier:
                 self._on_forget(s)
 
     def forget(self, step: int) -> None:
-        """Drop ``step`` (and delete its directory when this tier deletes)."""
+        """Drop ``step`` (and delete its directory when this tier deletes).  It stops being
+        listed before its deletion starts; a step that cannot be deleted is listed again."""
         with self._lock:
             name = self._names.pop(step, None)
-            self._infos.pop(step, None)
+            info = self._infos.pop(step, None)
+            saves = self._saves
+            self._saves = [s for s in saves if s.step != step]
+        if name is not None and self.deletes and self.kv is not None:
+            try:
+                delete_step(self.kv, name, keep_in=self.keep_deleted_in)
+            except BaseException:
+                with self._lock:
+                    self._names[step] = name
+                    if info is not None:
+                        self._infos[step] = info
+                    self._saves = sorted({*self._saves, *(s for s in saves if s.step == step)},
+                                         key=lambda s: s.step)
+                raise
         if self._on_forget is not None:
             self._on_forget(step)
-        if name is not None and self.deletes and self.kv is not None:
-            delete_step(self.kv, name)
 
     # ---- lifecycle ------------------------------------------------------------------------
 

@@ -16,9 +16,11 @@ from ocdbt_py.orbax.preservation import (
     PreservationContext,
     PreservationPolicy,
     PreserveAll,
+    _log_preservation_decision,
 )
 
 __all__ = [
+    "_log_preservation_decision",  # Orbax's private helper, which custom policies call
     "PolicyCheckpointInfo",
     "PreservationContext",
     "PreservationPolicy",
