@@ -257,7 +257,8 @@ class Tier:
             keep = set(self.preservation.keep(infos))
             if self.keep_newest:
                 keep.add(step)
-            dropped = [i.step for i in infos if i.step not in keep and (i.step == step or i.step not in self._in_flight)]
+            others_flying = self._in_flight - {step}
+            dropped = [i.step for i in infos if i.step not in keep and i.step not in others_flying]
             names = [n for s in dropped if (n := self._names.pop(s, None)) is not None]
             if step in dropped:  # Orbax drops a new step that is not among the best once it commits
                 self._doomed.add(step)
