@@ -9,6 +9,7 @@ import os
 import re
 from typing import Any
 
+from ocdbt_py.errors import UnsupportedError
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest
 from ocdbt_py.kvstore.keys import validate_key, validate_prefix
 from ocdbt_py.kvstore.local import LocalStore
@@ -49,9 +50,11 @@ def open_kvstore(
     """Return a :class:`KvStore` for a local path, a ``file://`` URL or any fsspec URL.
 
     Local paths (``file://`` and ``local://`` URLs too, with any storage options) use the fast
-    :class:`LocalStore`; ``s3://``, ``gs://``/``gcs://`` and
-    ``az://``/``abfs://`` URLs use the object-store backends (atomic conditional writes through
-    each service's preconditions); everything else goes through :class:`FsspecStore`.
+    :class:`LocalStore`; ``s3://``, ``gs://``/``gcs://``, ``az://``/``abfs://`` and
+    ``http(s)://`` URLs use obstore (:mod:`ocdbt_py.kvstore.obstore_store`) when it is installed
+    and takes the options, else the fsspec object-store backends (atomic conditional writes
+    through each service's preconditions); everything else goes through :class:`FsspecStore`.
+    ``backend="fsspec"``/``"obstore"`` among the options (or ``OCDBT_PY_BACKEND``) picks one.
     ``storage_options`` go to fsspec, except ``single_writer=True``, which allows committing
     where the storage cannot make conditional writes atomic (safe only with one writer
     process).  A :class:`KvStore` is returned unchanged.
@@ -66,6 +69,9 @@ def open_kvstore(
             return LocalStore(loc[len("file://"):], read_only=read_only)
         if not _URL.match(loc) and "::" not in loc:
             return LocalStore(loc, read_only=read_only)
+    fast = _obstore(loc, storage_options, read_only)
+    if fast is not None:
+        return fast
     backend = _object_store_class(loc)
     if backend is not None:
         return backend.from_url(loc, storage_options, read_only=True if read_only else None)
@@ -74,6 +80,7 @@ def open_kvstore(
 
     opts = dict(storage_options or {})
     single_writer = bool(opts.pop("single_writer", False))
+    opts.pop("backend", None)
     store = FsspecStore.from_url(loc, opts, read_only=True if read_only else None)
     local = store.plain_local_root()
     if local is not None:  # local://, file:// with storage options: nothing of fsspec's is lost
@@ -84,6 +91,31 @@ def open_kvstore(
 
         return SingleWriterStore(store)
     return store
+
+
+_OBSTORE_SCHEMES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "http", "https"}
+
+
+def _obstore(loc: str, storage_options: dict[str, Any] | None, read_only: bool) -> KvStore | None:
+    """The obstore backend for ``loc`` when obstore is installed and takes these options
+    (``backend="fsspec"`` in the options, or ``OCDBT_PY_BACKEND=fsspec``, declines it); else
+    ``None``.  ``backend="obstore"`` makes a refusal an error instead of the fsspec route."""
+    want = (storage_options or {}).get("backend") or os.environ.get("OCDBT_PY_BACKEND") or "auto"
+    if want not in ("auto", "obstore", "fsspec"):
+        raise ValueError(f"backend must be 'obstore' or 'fsspec', not {want!r}")
+    scheme = loc.split("://", 1)[0].lower() if "://" in loc else ""
+    if want == "fsspec" or "::" in loc or scheme not in _OBSTORE_SCHEMES:
+        return None
+    try:
+        # optional: obstore is an extra (the [s3], [gcs], [azure] and [http] extras bring it)
+        from ocdbt_py.kvstore.obstore_options import Untranslatable
+        from ocdbt_py.kvstore.obstore_store import ObstoreStore
+
+        return ObstoreStore.from_url(loc, storage_options, read_only=True if read_only else None)
+    except (ImportError, Untranslatable) as e:
+        if want == "obstore":
+            raise UnsupportedError(f"cannot open {loc} through obstore: {e}") from e
+        return None
 
 
 def _object_store_class(loc: str) -> Any:

@@ -204,6 +204,12 @@ class KvStore(abc.ABC):
         callers may stream to and list directly; ``None`` otherwise."""
         return None
 
+    def stream_writer(self, key: str) -> Any:
+        """A writer (``write(data)``, ``close()``, ``abort()``) that streams the new value of
+        ``key`` to the backend as it is produced (a multipart upload), or ``None`` when the
+        backend has none; nothing is visible at ``key`` until ``close()`` returns."""
+        return None
+
     @property
     def syncs_later(self) -> bool:
         """Whether values written here are made durable in one batch later (a save's temporary

@@ -42,7 +42,7 @@ __all__ = ["ObjectStore", "redact", "OUR_OPTIONS"]
 T = TypeVar("T")
 
 #: storage_options keys that configure ocdbt-py itself and are never passed to fsspec.
-OUR_OPTIONS = ("single_writer",)
+OUR_OPTIONS = ("single_writer", "backend")
 
 _SECRET_OPTION = re.compile(
     r"(secret|token|password|passwd|account_key|connection_string|credential|sas|signature|key$)", re.I

@@ -2,7 +2,9 @@
 
 :func:`open_sink` returns a file-like object for a key of a :class:`KvStore`: a real file for
 local directories (synced on close), an fsspec file (multipart upload on object stores) for
-fsspec stores, and an in-memory list of parts handed to ``set_parts`` for anything else.
+fsspec stores, the backend's own streaming writer where it has one (obstore's multipart upload,
+:meth:`KvStore.stream_writer`), and an in-memory list of parts handed to ``set_parts`` for
+anything else.
 The key only becomes meaningful once something references it (OCDBT data files are
 referenced by a manifest written afterwards), so no temporary name is needed.
 """
@@ -292,6 +294,10 @@ def open_sink(kv: KvStore, key: str, *, sync: bool = True) -> Sink:
             return _FileSink(root, below, path, sync, kv)
         if where is not None:
             return _FsspecSink(*where)
+        if not kv.read_only:
+            streamed = kv.stream_writer(key)
+            if streamed is not None:
+                return streamed  # type: ignore[no-any-return]
     except OSError as e:
         raise StorageError(f"cannot create {kv.url.rstrip('/')}/{key}: {e}") from e
     return _PartsSink(kv, key)

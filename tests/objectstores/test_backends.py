@@ -13,6 +13,7 @@ from ocdbt_py.errors import ConditionFailedError, StorageError
 from ocdbt_py.kvstore import KvStore, open_kvstore
 from ocdbt_py.kvstore.azure import AzureStore
 from ocdbt_py.kvstore.gcs import GcsStore
+from ocdbt_py.kvstore.obstore_store import ObstoreStore
 from ocdbt_py.kvstore.s3 import S3Store
 from ocdbt_py.testing import ReadOnlyStoreTests, StoreTests
 from tests.objectstores import servers
@@ -40,63 +41,53 @@ def azure(azure_server: servers.AzureServer) -> servers.AzureServer:
     return azure_server
 
 
-class TestS3Store(StoreTests):
+#: the two routes of every object-store URL: obstore, and the fsspec clients (s3fs, gcsfs, adlfs)
+BACKENDS = {"obstore": ObstoreStore, "fsspec": (S3Store, GcsStore, AzureStore)}
+
+
+def opened(url: str, options: dict[str, Any], backend: str) -> KvStore:
+    """``url`` opened through ``backend`` (checked: the route taken is that one)."""
+    s = open_kvstore(url, {**options, "backend": backend})
+    assert isinstance(s, BACKENDS[backend]), (backend, type(s))
+    return s
+
+
+class _Suite(StoreTests):
+    scheme = ""
+    backend = "obstore"
+
+    def make_empty(self) -> KvStore:
+        return opened(f"{self.scheme}://{BUCKET}/t{next(_n)}", self.srv.storage_options(), self.backend)
+
+
+class TestS3Store(_Suite):
+    scheme = "s3"
+
     @pytest.fixture(autouse=True)
     def _srv(self, s3: servers.S3Server) -> None:
         self.srv = s3
-
-    #: reads signed by us (ocdbt_py.kvstore.s3direct), or all through s3fs/botocore
-    own_signing = True
-
-    def make_empty(self) -> KvStore:
-        s = open_kvstore(f"s3://{BUCKET}/t{next(_n)}", self.srv.storage_options())
-        assert isinstance(s, S3Store)
-        assert (s._direct is not None) == self.own_signing
-        self._made = getattr(self, "_made", []) + [s]
-        return s
-
-    @pytest.fixture(autouse=True)
-    def _still_direct(self) -> Any:
-        yield
-        # no read of the suite made the direct path give up (it would hide behind s3fs)
-        for s in getattr(self, "_made", []):
-            assert (s._direct is not None) == self.own_signing
 
     def test_etag_is_the_generation(self, store: KvStore) -> None:
         g = store.set_if("m", b"v", if_generation=None)
         assert g.startswith('"') and store.get_with_generation("m") == (b"v", g)
 
 
-class TestS3StoreViaBotocore(TestS3Store):
-    """The same suite with every read through s3fs/botocore (``OCDBT_PY_S3_OWN_SIGNING=0``)."""
+class TestS3StoreFsspec(TestS3Store):
+    """The same suite through s3fs/botocore (users without obstore, or ``backend="fsspec"``)."""
 
-    own_signing = False
-
-    @pytest.fixture(autouse=True)
-    def _no_own_signing(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setenv("OCDBT_PY_S3_OWN_SIGNING", "0")
+    backend = "fsspec"
 
 
-class TestGcsStore(StoreTests):
+class TestGcsStoreFsspec(_Suite):
+    """GCS writes through gcsfs.  (obstore writes through GCS's XML API, which fake-gcs-server
+    lacks: its reads are tested by :class:`TestGcsObstoreReads`.)"""
+
+    scheme = "gs"
+    backend = "fsspec"
+
     @pytest.fixture(autouse=True)
     def _srv(self, gcs: servers.GcsServer) -> None:
         self.srv = gcs
-
-    #: reads sent by us (ocdbt_py.kvstore.gcsdirect), or all through gcsfs
-    own_http = True
-
-    def make_empty(self) -> KvStore:
-        s = open_kvstore(f"gs://{BUCKET}/t{next(_n)}", self.srv.storage_options())
-        assert isinstance(s, GcsStore)
-        assert (s._direct is not None) == self.own_http
-        self._made = getattr(self, "_made", []) + [s]
-        return s
-
-    @pytest.fixture(autouse=True)
-    def _still_direct(self) -> Any:
-        yield
-        for s in getattr(self, "_made", []):  # no read made the direct path give up
-            assert (s._direct is not None) == self.own_http
 
     def test_generation_changes_even_for_equal_content(self, store: KvStore) -> None:
         g1 = store.set_if("m", b"same", if_generation=None)
@@ -106,26 +97,33 @@ class TestGcsStore(StoreTests):
             store.set_if("m", b"same", if_generation=g1)
 
 
-class TestAzureStore(StoreTests):
+class TestGcsObstoreReads(ReadOnlyStoreTests):
+    """Reads, listings and ranges through obstore against fake-gcs-server (seeded by gcsfs)."""
+
+    expect_read_only = False
+
+    @pytest.fixture(autouse=True)
+    def _srv(self, gcs: servers.GcsServer) -> None:
+        self.srv = gcs
+
+    def make_store(self, seed: dict[str, bytes]) -> KvStore:
+        url = f"gs://{BUCKET}/r{next(_n)}"
+        writer = opened(url, self.srv.storage_options(), "fsspec")
+        for k, v in seed.items():
+            writer.set(k, v)
+        return opened(url, self.srv.storage_options(), "obstore")
+
+    def test_emulator_is_not_taken_automatically(self) -> None:
+        s = open_kvstore(f"gs://{BUCKET}/auto", self.srv.storage_options())
+        assert isinstance(s, GcsStore)  # obstore's writes could not reach this server
+
+
+class TestAzureStore(_Suite):
+    scheme = "az"
+
     @pytest.fixture(autouse=True)
     def _srv(self, azure: servers.AzureServer) -> None:
         self.srv = azure
-
-    #: reads signed by us (ocdbt_py.kvstore.azuredirect, Shared Key), or all through adlfs
-    own_http = True
-
-    def make_empty(self) -> KvStore:
-        s = open_kvstore(f"az://{BUCKET}/t{next(_n)}", self.srv.storage_options())
-        assert isinstance(s, AzureStore)
-        assert (s._direct is not None) == self.own_http
-        self._made = getattr(self, "_made", []) + [s]
-        return s
-
-    @pytest.fixture(autouse=True)
-    def _still_direct(self) -> Any:
-        yield
-        for s in getattr(self, "_made", []):  # no read made the direct path give up
-            assert (s._direct is not None) == self.own_http
 
     def test_etag_changes_even_for_equal_content(self, store: KvStore) -> None:
         g1 = store.set_if("m", b"same", if_generation=None)
@@ -135,37 +133,26 @@ class TestAzureStore(StoreTests):
             store.set_if("m", b"same", if_generation=g1)
 
 
-class TestGcsStoreViaGcsfs(TestGcsStore):
-    """The same suite with every read through gcsfs (``OCDBT_PY_GCS_OWN_HTTP=0``)."""
+class TestAzureStoreFsspec(TestAzureStore):
+    """The same suite through adlfs."""
 
-    own_http = False
-
-    @pytest.fixture(autouse=True)
-    def _no_own_http(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setenv("OCDBT_PY_GCS_OWN_HTTP", "0")
-
-
-class TestAzureStoreViaAdlfs(TestAzureStore):
-    """The same suite with every read through adlfs (``OCDBT_PY_AZURE_OWN_HTTP=0``)."""
-
-    own_http = False
-
-    @pytest.fixture(autouse=True)
-    def _no_own_http(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setenv("OCDBT_PY_AZURE_OWN_HTTP", "0")
+    backend = "fsspec"
 
 
 # -- configuration through the environment -----------------------------------------------------
-@pytest.mark.parametrize("kind", ["s3", "gcs", "azure"])
+@pytest.mark.parametrize("kind,backend", [("s3", "obstore"), ("s3", "fsspec"), ("gcs", "fsspec"),
+                                          ("azure", "obstore"), ("azure", "fsspec")])
 def test_configured_by_environment_only(
-    kind: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    kind: str, backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     srv: Any = request.getfixturevalue(kind)
     for k, v in srv.env().items():
         monkeypatch.setenv(k, v)
+    monkeypatch.setenv("OCDBT_PY_BACKEND", backend)
     scheme = {"s3": "s3", "gcs": "gs", "azure": "az"}[kind]
     url = f"{scheme}://{BUCKET}/env{next(_n)}"
     store = open_kvstore(url)
+    assert isinstance(store, BACKENDS[backend])
     store.set("k", b"v")
     assert store.get("k") == b"v"
     g = store.set_if("c", b"1", if_generation=None)
@@ -174,10 +161,11 @@ def test_configured_by_environment_only(
     assert store.get_with_generation("c") == (b"1", g)
 
 
-def test_read_only_open(s3: servers.S3Server) -> None:
+@pytest.mark.parametrize("backend", ["obstore", "fsspec"])
+def test_read_only_open(s3: servers.S3Server, backend: str) -> None:
     url = f"s3://{BUCKET}/ro{next(_n)}"
-    open_kvstore(url, s3.storage_options()).set("k", b"v")
-    ro = open_kvstore(url, s3.storage_options(), read_only=True)
+    opened(url, s3.storage_options(), backend).set("k", b"v")
+    ro = open_kvstore(url, {**s3.storage_options(), "backend": backend}, read_only=True)
     assert ro.read_only and ro.get("k") == b"v"
     from ocdbt_py.errors import ReadOnlyError
 
@@ -186,7 +174,8 @@ def test_read_only_open(s3: servers.S3Server) -> None:
 
 
 # -- errors name the URL, never a credential -------------------------------------------------------
-def test_unreachable_s3_error_names_url_not_secret() -> None:
+@pytest.mark.parametrize("backend", ["obstore", "fsspec"])
+def test_unreachable_s3_error_names_url_not_secret(backend: str) -> None:
     secret = "SuperSecretValue-1234567890"
     opts = {
         "key": "AKIDEXAMPLEKEY123",
@@ -194,9 +183,10 @@ def test_unreachable_s3_error_names_url_not_secret() -> None:
         "endpoint_url": "http://127.0.0.1:9",
         "client_kwargs": {"region_name": "us-east-1"},
         "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
-        "retries": 1,
     }
-    store = open_kvstore("s3://no-such-bucket/x", opts)
+    if backend == "fsspec":
+        opts["retries"] = 1
+    store = opened("s3://no-such-bucket/x", opts, backend)
     for op in (lambda: store.get("k"), lambda: store.set("k", b"v"), lambda: store.get_with_generation("k")):
         with pytest.raises(StorageError) as ei:
             op()
@@ -205,10 +195,11 @@ def test_unreachable_s3_error_names_url_not_secret() -> None:
         assert secret not in msg and "AKIDEXAMPLEKEY123" not in msg
 
 
-def test_azure_bad_key_error_hides_key(azure: servers.AzureServer) -> None:
+@pytest.mark.parametrize("backend", ["obstore", "fsspec"])
+def test_azure_bad_key_error_hides_key(azure: servers.AzureServer, backend: str) -> None:
     wrong = servers.AZURITE_KEY[:-8] + "AAAAAAA="
     conn = azure.connection_string.replace(servers.AZURITE_KEY, wrong)
-    store = open_kvstore(f"az://{BUCKET}/bad{next(_n)}", {"connection_string": conn})
+    store = opened(f"az://{BUCKET}/bad{next(_n)}", {"connection_string": conn}, backend)
     with pytest.raises(StorageError) as ei:
         store.set_if("k", b"v", if_generation=None)
     msg = str(ei.value)
@@ -219,7 +210,7 @@ def test_azure_bad_key_error_hides_key(azure: servers.AzureServer) -> None:
 def test_gcs_emulator_class_is_plain_gcsfs(gcs: servers.GcsServer) -> None:
     import gcsfs.core
 
-    store = open_kvstore(f"gs://{BUCKET}/cls", gcs.storage_options())
+    store = opened(f"gs://{BUCKET}/cls", gcs.storage_options(), "fsspec")
     assert type(store.fs) is gcsfs.core.GCSFileSystem  # type: ignore[attr-defined]
 
 
@@ -233,20 +224,22 @@ class TestS3FastRangesServer(ReadOnlyStoreTests):
     """Reads against the benchmark's patched server behave exactly as against stock moto."""
 
     expect_read_only = False
+    backend = "obstore"
 
     @pytest.fixture(autouse=True)
     def _srv(self, s3_fast_ranges: Any) -> None:
         self.srv = s3_fast_ranges
 
     def make_store(self, seed: dict[str, bytes]) -> KvStore:
-        s = open_kvstore(f"s3://{BUCKET}/fr{next(_n)}", self.srv.storage_options())
+        s = opened(f"s3://{BUCKET}/fr{next(_n)}", self.srv.storage_options(), self.backend)
         for k, v in seed.items():
             s.set(k, v)
         return s
 
     def test_ranges_match_stock_server(self, s3: servers.S3Server) -> None:
         big = bytes(range(256)) * 4096
-        stores = [open_kvstore(f"s3://{BUCKET}/cmp{next(_n)}", srv.storage_options()) for srv in (s3, self.srv)]
+        stores = [opened(f"s3://{BUCKET}/cmp{next(_n)}", srv.storage_options(), self.backend)
+                  for srv in (s3, self.srv)]
         for st in stores:
             st.set("k", big)
             st.set("empty", b"")
@@ -257,11 +250,16 @@ class TestS3FastRangesServer(ReadOnlyStoreTests):
             assert got[0] == got[1]
 
 
-def test_url_must_name_a_bucket() -> None:
+class TestS3FastRangesServerFsspec(TestS3FastRangesServer):
+    backend = "fsspec"
+
+
+@pytest.mark.parametrize("backend", ["obstore", "fsspec"])
+def test_url_must_name_a_bucket(backend: str) -> None:
     from ocdbt_py.errors import InvalidKeyError
 
     with pytest.raises(InvalidKeyError):
-        open_kvstore("s3://", {"anon": True})
+        open_kvstore("s3://", {"anon": True, "backend": backend})
 
 
 def test_redaction_of_secrets() -> None:
