@@ -20,9 +20,7 @@ import os
 from typing import Any
 
 from ocdbt_py.errors import ConditionFailedError, StorageError
-from ocdbt_py.kvstore.azuredirect import AzureDirect
-from ocdbt_py.kvstore.direct import DirectReadStore, reader_for
-from ocdbt_py.kvstore.object_store import _secret_strings, redact
+from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings, redact
 
 __all__ = ["AzureStore"]
 
@@ -38,7 +36,7 @@ def _endpoint_of(opts: dict[str, Any]) -> str:
     return str(opts.get("account_host") or "")
 
 
-class AzureStore(DirectReadStore):
+class AzureStore(ObjectStore):
     """An Azure Blob container (or a prefix of one) as a :class:`KvStore` with atomic
     conditional writes."""
 
@@ -77,13 +75,9 @@ class AzureStore(DirectReadStore):
             secrets=_secret_strings(storage_options or {}),
             scheme=url.split("://", 1)[0].lower(),
         )
-        store._direct = AzureDirect.from_options(opts, reader_for)
         return store
 
     async def _get_range(self, bucket: str, name: str, start: int, stop: int | None) -> bytes | None:
-        answered, got = await self._direct_get(bucket, name, start, stop)
-        if answered:
-            return got
         # optional backend: the [azure] extra
         from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 
@@ -107,9 +101,6 @@ class AzureStore(DirectReadStore):
                 raise
 
     async def _object_size(self, bucket: str, name: str) -> int | None:
-        answered, size = await self._direct_size(bucket, name)
-        if answered:
-            return size
         # optional backend: the [azure] extra
         from azure.core.exceptions import ResourceNotFoundError
 

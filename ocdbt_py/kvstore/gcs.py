@@ -22,9 +22,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ocdbt_py.errors import ConditionFailedError, StorageError
-from ocdbt_py.kvstore.direct import DirectReadStore, reader_for
-from ocdbt_py.kvstore.gcsdirect import GcsDirect
-from ocdbt_py.kvstore.object_store import _secret_strings
+from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings
 
 __all__ = ["GcsStore"]
 
@@ -41,7 +39,7 @@ def _multipart(name: str, data: bytes) -> bytes:
     )
 
 
-class GcsStore(DirectReadStore):
+class GcsStore(ObjectStore):
     """A GCS bucket (or a prefix of one) as a :class:`KvStore` with atomic conditional writes."""
 
     @classmethod
@@ -82,7 +80,6 @@ class GcsStore(DirectReadStore):
             secrets=_secret_strings(storage_options or {}),
             scheme=url.split("://", 1)[0].lower(),
         )
-        store._direct = GcsDirect.from_fs(fs, opts, reader_for)
         return store
 
     def _media_url(self, bucket: str, name: str) -> str:
@@ -92,9 +89,6 @@ class GcsStore(DirectReadStore):
         return f"{self.fs._location}/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
 
     async def _get_range(self, bucket: str, name: str, start: int, stop: int | None) -> bytes | None:
-        answered, got = await self._direct_get(bucket, name, start, stop)
-        if answered:
-            return got
         headers: dict[str, str] = {}
         if start < 0:
             headers["Range"] = f"bytes={start}"
@@ -114,9 +108,6 @@ class GcsStore(DirectReadStore):
         return data
 
     async def _object_size(self, bucket: str, name: str) -> int | None:
-        answered, size = await self._direct_size(bucket, name)
-        if answered:
-            return size
         try:
             meta = await self.fs._call("GET", self._meta_url(bucket, name), json_out=True)
         except FileNotFoundError:

@@ -185,6 +185,18 @@ class ObstoreStore(KvStore):
             raise
         return int(meta["size"])
 
+    async def _cut(self, key: str, rng: ByteRange) -> bytes | None:
+        """``rng`` of ``key`` from a whole-object GET (for servers that ignore ``Range``)."""
+        # optional: obstore is an extra
+        import obstore
+
+        got = await obstore.get_async(self.store, key)
+        data = bytes(await got.bytes_async())
+        start, stop = rng
+        if start < 0:
+            return data[max(len(data) + start, 0):]
+        return data[start:stop]
+
     async def _suffix(self, key: str, n: int) -> bytes | None:
         """The last ``n`` bytes (Azure takes no suffix range: its size first, then an offset)."""
         # optional: obstore is an extra
@@ -223,6 +235,9 @@ class ObstoreStore(KvStore):
         except Exception as e:
             if self._missing(e):
                 return None
+            if rng is not None and ("non-partial" in str(e) or "Range request not supported" in str(e)):
+                # the server ignored Range: cut the range out of the whole object
+                return await self._cut(key, rng)
             if rng is not None:  # a range of an empty object, or starting at or past the end?
                 size = await self._head_size(key)
                 if size is None:

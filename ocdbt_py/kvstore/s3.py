@@ -16,24 +16,17 @@ Configuration comes through fsspec ``storage_options`` (``key``, ``secret``, ``t
 ``AWS_*`` environment variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_SESSION_TOKEN``, ``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``, ...).
 
-Reads (GET, HEAD, listing) of a store with static credentials and a known endpoint and region
-skip botocore: we sign them (:mod:`~ocdbt_py.kvstore.s3direct`), so a restore's first request
-does not wait for botocore to build its client.  Anything else goes through s3fs.
+This is the fsspec route of ``s3://`` URLs: users without obstore, or options obstore cannot
+take (:mod:`~ocdbt_py.kvstore.obstore_store` is the route otherwise).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
-from collections.abc import Sequence
 from typing import Any
 
 from ocdbt_py.errors import ConditionFailedError, StorageError, UnsupportedError
-from ocdbt_py.kvstore.direct import TRANSIENT, DirectReadStore, reader_for
-from ocdbt_py.kvstore.object_store import _secret_strings
-from ocdbt_py.kvstore.rangeio import HttpStatusError, TlsVerifyError
-from ocdbt_py.kvstore.s3direct import S3Direct
+from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings
 
 __all__ = ["S3Store"]
 
@@ -60,7 +53,7 @@ def _is_aws_endpoint(url: str) -> bool:
     return ".amazonaws.com" in url or ".amazonaws.com.cn" in url
 
 
-class S3Store(DirectReadStore):
+class S3Store(ObjectStore):
     """An S3 bucket (or a prefix of one) as a :class:`KvStore` with atomic conditional writes."""
 
     @classmethod
@@ -87,7 +80,6 @@ class S3Store(DirectReadStore):
             fs, root = fsspec.core.url_to_fs(url, **opts)
         except (ImportError, ValueError, TypeError) as e:
             raise StorageError(f"cannot open {url}: {e}") from e
-        direct = S3Direct.from_options(opts, reader_for)
         endpoint = (
             opts.get("endpoint_url")
             or (opts.get("client_kwargs") or {}).get("endpoint_url")
@@ -104,14 +96,9 @@ class S3Store(DirectReadStore):
             secrets=_secret_strings(storage_options or {}),
             scheme=url.split("://", 1)[0].lower(),
         )
-        store._direct = direct
         return store
 
-
     async def _get_range(self, bucket: str, name: str, start: int, stop: int | None) -> bytes | None:
-        answered, got = await self._direct_get(bucket, name, start, stop)
-        if answered:
-            return got
         kw: dict[str, str] = {}
         if start < 0:
             kw["Range"] = f"bytes={start}"
@@ -163,107 +150,7 @@ class S3Store(DirectReadStore):
         except Exception as e:
             raise self._fail("reading", key, e) from e
 
-    # -- threaded range reads (see ocdbt_py.kvstore.rangeio) ---------------------------------------
-    #: presigned GET URLs live this long; they are reused for half of it
-    _presign_seconds = 3600
-
-    def _threaded_reader(self) -> Any:
-        """The threaded HTTP reader for this store, or ``None`` where it cannot stand in for
-        the S3 client (proxies, extra request parameters such as SSE-C keys, or
-        ``OCDBT_PY_THREADED_HTTP=0``)."""
-        state = getattr(self, "_http_state", None)
-        if state is not None:
-            return state or None
-        self._presigned: dict[str, tuple[str, float]] = {}
-        if self._direct is not None:
-            self._http_state: Any = self._direct.reader
-            return self._direct.reader
-        reader: Any = False
-        env = os.environ
-        fs = self.fs
-        client_kwargs = getattr(fs, "client_kwargs", None) or {}
-        config_kwargs = getattr(fs, "config_kwargs", None) or {}
-        if (env.get("OCDBT_PY_THREADED_HTTP", "1") not in ("0", "false", "no")
-                and not any(env.get(v) for v in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy",
-                                                "ALL_PROXY", "all_proxy"))
-                and not config_kwargs.get("proxies")
-                and not getattr(fs, "s3_additional_kwargs", None)):
-            verify = client_kwargs.get("verify", env.get("AWS_CA_BUNDLE") or None)
-            if verify is None or isinstance(verify, (bool, str)):
-                reader = reader_for(verify)
-        self._http_state = reader
-        return reader or None
-
-    def _presign(self, keys: Sequence[str]) -> dict[str, str]:
-        """Presigned GET URLs for ``keys`` (cached; all uncached ones signed in one loop call)."""
-        now = time.monotonic()
-        out: dict[str, str] = {}
-        todo: list[str] = []
-        for k in dict.fromkeys(keys):
-            hit = self._presigned.get(k)
-            if hit is not None and hit[1] > now:
-                out[k] = hit[0]
-            else:
-                todo.append(k)
-        direct = self._direct
-        if todo and isinstance(direct, S3Direct):
-            for k in todo:
-                b, n = self._locate(k)
-                out[k] = direct.presign(b, n, self._presign_seconds)
-                self._presigned[k] = (out[k], now + self._presign_seconds / 2)
-            todo = []
-        if todo:
-            async def sign() -> list[str]:
-                client = await self.fs.set_session()
-                return list(await asyncio.gather(*(
-                    client.generate_presigned_url(
-                        "get_object", Params={"Bucket": b, "Key": n, **self.fs.req_kw},
-                        ExpiresIn=self._presign_seconds)
-                    for b, n in (self._locate(k) for k in todo))))
-
-            urls = self._run(sign())
-            for k, u in zip(todo, urls):
-                out[k] = u
-                self._presigned[k] = (u, now + self._presign_seconds / 2)
-        return out
-
-    def read_into(self, requests: Sequence[tuple[str, int, memoryview]]) -> list[Any]:
-        reader = self._threaded_reader()
-        if reader is None:
-            return super().read_into(requests)
-        for key, start, _ in requests:
-            self._locate(key)
-            if start < 0:
-                raise ValueError("read_into needs a non-negative start")
-        try:
-            urls = self._presign([k for k, _, _ in requests])
-        except Exception:  # noqa: BLE001 - cannot presign here: use the S3 client itself
-            self._http_state = False
-            return super().read_into(requests)
-        return [reader.run(self._fast_read, reader, urls[k], k, start, buf) for k, start, buf in requests]
-
-    def _fast_read(self, reader: Any, url: str, key: str, start: int, buf: memoryview) -> int | None:
-        if self._http_state is False:  # an earlier request found the fast path unusable
-            return self._run(self._read_into_async(key, start, buf))
-        try:
-            return reader.read_into(url, start, buf)  # type: ignore[no-any-return]
-        except HttpStatusError as e:
-            if e.status in (200, 301, 307, 400, 403):
-                # redirected, refused the presigned form, or ignored the range: the S3 client
-                # knows better (regions, signing); stop using the fast path for this store
-                self._http_state = False
-                self._direct_failed()
-                return self._run(self._read_into_async(key, start, buf))
-            raise self._fail("reading", key, e) from e
-        except TlsVerifyError as e:
-            raise self._fail("reading", key, e) from e
-        except TRANSIENT:  # refused, reset, cut short, timed out: once more through s3fs (it retries)
-            return self._run(self._read_into_async(key, start, buf))
-
     async def _object_size(self, bucket: str, name: str) -> int | None:
-        answered, size = await self._direct_size(bucket, name)
-        if answered:
-            return size
         try:
             resp = await self.fs._call_s3("head_object", Bucket=bucket, Key=name)
         except FileNotFoundError:

@@ -1,4 +1,4 @@
-"""FsspecStore over HTTP against a real local server (read-only)."""
+"""HTTP stores against a real local server (read-only), through obstore and through fsspec."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ def http_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
         yield root, url
 
 
-class TestFsspecHttp(ReadOnlyStoreTests):
+class TestHttp(ReadOnlyStoreTests):
+    backend = "obstore"
+
     @pytest.fixture(autouse=True)
     def _srv(self, http_root: tuple[Path, str]) -> None:
         self.root, self.base = http_root
@@ -36,7 +38,9 @@ class TestFsspecHttp(ReadOnlyStoreTests):
             p = self.root / sub / k
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(v)
-        return open_kvstore(f"{self.base}/{sub}")
+        store = open_kvstore(f"{self.base}/{sub}", {"backend": self.backend})
+        assert type(store).__name__ == {"obstore": "ObstoreStore", "fsspec": "FsspecStore"}[self.backend]
+        return store
 
     # HTTP servers return the raw directory listing; a "directory" has no value either way
     def test_list_dir(self, store: KvStore) -> None:
@@ -44,8 +48,13 @@ class TestFsspecHttp(ReadOnlyStoreTests):
         assert dirs == ["d"] and files == ["c"]
 
 
-def test_unreachable_server_is_storage_error() -> None:
-    s = open_kvstore("http://127.0.0.1:9/nothing")  # port 9: discard, nothing listens
+class TestHttpFsspec(TestHttp):
+    backend = "fsspec"
+
+
+@pytest.mark.parametrize("backend", ["obstore", "fsspec"])
+def test_unreachable_server_is_storage_error(backend: str) -> None:
+    s = open_kvstore("http://127.0.0.1:9/nothing", {"backend": backend})  # port 9: discard, nothing listens
     with pytest.raises(StorageError) as ei:
         s.get("key")
     assert "127.0.0.1:9" in str(ei.value)

@@ -1,6 +1,7 @@
-"""Checkpoint restores from S3 on the wire: ranged reads straight into buffers (threaded HTTP
-and the S3 client's own path), chunks of neighbouring arrays merged into few GETs, and a
-bounded number of round trips in sequence (a latency proxy counts every HTTP request)."""
+"""Checkpoint restores from S3 on the wire: ranged reads straight into buffers (obstore and the
+S3 client's own path), chunks of neighbouring arrays merged into few GETs, and a bounded number
+of round trips in sequence (a latency proxy counts every HTTP request); an HTTP server that
+ignores ``Range`` is never misread."""
 
 from __future__ import annotations
 
@@ -15,9 +16,7 @@ import numpy as np
 import pytest
 
 from ocdbt_py import checkpoint
-from ocdbt_py.errors import StorageError
 from ocdbt_py.kvstore import open_kvstore
-from ocdbt_py.kvstore.rangeio import HttpRangeReader, HttpStatusError
 from tests.objectstores import servers
 
 BUCKET = "ocdbt-batching"
@@ -31,10 +30,9 @@ def bucket(s3_server: servers.S3Server) -> servers.S3Server:
     return s3_server
 
 
-@pytest.fixture(params=["threaded", "s3-client"])
+@pytest.fixture(params=["obstore", "fsspec"])
 def s3_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "s3-client":
-        monkeypatch.setenv("OCDBT_PY_THREADED_HTTP", "0")
+    monkeypatch.setenv("OCDBT_PY_BACKEND", request.param)
     return str(request.param)
 
 
@@ -53,39 +51,7 @@ def test_read_into_semantics(bucket: servers.S3Server, s3_mode: str) -> None:
     assert got == [1000, 3000, None, 0, 0]
     assert bytes(bufs[0]) == BLOB[:1000]
     assert bytes(bufs[1][:3000]) == BLOB[-3000:]  # the object ended first: a short read
-    assert (store._threaded_reader() is not None) == (s3_mode == "threaded")
-
-
-def test_threaded_path_falls_back_when_refused(bucket: servers.S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A presigned request the server refuses (403) is retried through the S3 client, and the
-    store stops using the threaded path."""
-    store = _store(bucket, f"fb{next(_n)}")
-    store.set("blob", BLOB)
-    reader = store._threaded_reader()
-    assert reader is not None
-
-    def refuse(url: str, start: int, buf: memoryview, headers: Any = None) -> int:
-        raise HttpStatusError(403, "Forbidden", b"<Error>SignatureDoesNotMatch</Error>")
-
-    monkeypatch.setattr(reader, "read_into", refuse)
-    buf = memoryview(bytearray(4096))
-    assert store.read_into([("blob", 100, buf)])[0].result(timeout=60) == 4096
-    assert bytes(buf) == BLOB[100:4196]
-    assert store._http_state is False
-
-
-def test_threaded_errors_name_the_key_not_the_url(bucket: servers.S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = _store(bucket, f"err{next(_n)}")
-    store.set("blob", BLOB)
-    reader = store._threaded_reader()
-
-    def fail(url: str, start: int, buf: memoryview, headers: Any = None) -> int:
-        raise HttpStatusError(500, "Internal Server Error", b"oops")
-
-    monkeypatch.setattr(reader, "read_into", fail)
-    with pytest.raises(StorageError, match="blob") as ei:
-        store.read_into([("blob", 0, memoryview(bytearray(10)))])[0].result(timeout=60)
-    assert "X-Amz-Signature" not in str(ei.value)
+    assert type(store).__name__ == ("ObstoreStore" if s3_mode == "obstore" else "S3Store")
 
 
 @pytest.fixture(scope="module")
@@ -131,45 +97,28 @@ def test_restore_coalesces_neighbouring_arrays_on_the_wire(
     assert stats["depth"] <= 12, stats
 
 
-def test_http_range_reader_statuses(tmp_path: Path) -> None:
-    from tests.servers.http_server import serve_directory
-
-    (tmp_path / "f.bin").write_bytes(BLOB)
-    reader = HttpRangeReader(2)
-    try:
-        with serve_directory(str(tmp_path)) as base:
-            buf = memoryview(bytearray(300))
-            assert reader.submit(f"{base}/f.bin", 1000, buf).result(timeout=30) == 300
-            assert bytes(buf) == BLOB[1000:1300]
-            assert reader.read_into(f"{base}/absent", 0, buf) is None
-            assert reader.read_into(f"{base}/f.bin", len(BLOB) + 10, buf) == 0
-            tail = memoryview(bytearray(500))
-            assert reader.read_into(f"{base}/f.bin", len(BLOB) - 200, tail) == 200
-            assert bytes(tail[:200]) == BLOB[-200:]
-            assert reader.read_into(f"{base}/f.bin", 0, memoryview(bytearray(0))) == 0
-    finally:
-        reader.close()
-
-
-def test_http_range_reader_rejects_an_ignored_range(tmp_path: Path) -> None:
-    """A server that ignores ``Range`` answers 200 with the whole object: never misread as the
-    requested bytes."""
+@pytest.mark.parametrize("backend", ["obstore", "fsspec"])
+def test_http_server_ignoring_ranges_is_never_misread(tmp_path: Path, backend: str) -> None:
+    """A server that ignores ``Range`` answers 200 with the whole object: the right bytes are
+    cut out of it (or an error raised), never the whole body taken for the range."""
     (tmp_path / "f.bin").write_bytes(BLOB)
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
     handler.log_message = lambda *a: None  # type: ignore[attr-defined]
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
-    reader = HttpRangeReader(1)
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/f.bin"
-        with pytest.raises(HttpStatusError):
-            reader.read_into(url, 10, memoryview(bytearray(100)))
-        with pytest.raises(HttpStatusError):  # from 0, but the body is longer than asked for
-            reader.read_into(url, 0, memoryview(bytearray(100)))
-        whole = memoryview(bytearray(len(BLOB)))
-        assert reader.read_into(url, 0, whole) == len(BLOB) and bytes(whole) == BLOB
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        store = open_kvstore(url, {"backend": backend})
+        assert type(store).__name__ == ("ObstoreStore" if backend == "obstore" else "FsspecStore")
+        assert store.get("f.bin", (10, 110)) == BLOB[10:110]
+        assert store.get("f.bin", (0, 100)) == BLOB[:100]
+        assert store.get("f.bin") == BLOB
+        buf = memoryview(bytearray(100))
+        if store.supports_read_into:
+            assert store.read_into([("f.bin", 5, buf)])[0].result(timeout=60) == 100
+            assert bytes(buf) == BLOB[5:105]
+        assert store.get("absent") is None
     finally:
-        reader.close()
         server.shutdown()
         server.server_close()
