@@ -49,6 +49,7 @@ from ocdbt_py.errors import (
 )
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, check_range, normalize_request
 from ocdbt_py.kvstore.coalesce import coalesced_get_many
+from ocdbt_py.kvstore.futures import all_done
 from ocdbt_py.kvstore.keys import validate_key, validate_prefix
 from ocdbt_py.kvstore.object_store import redact
 
@@ -561,23 +562,41 @@ class ObstoreStore(KvStore):
         return True
 
     def read_ahead(self, requests: Sequence[tuple[str, tuple[int, int]]]) -> bool:
+        """:meth:`start_read_ahead`, returning ``False`` (nothing started) instead of raising
+        for keys or ranges this store refuses: the reads themselves then say what is wrong."""
         if not requests:
             return False
         try:
-            reqs = [(k, (int(r[0]), int(r[1]))) for k, r in requests]
-            for k, (lo, hi) in reqs:
-                validate_key(k)
-                if lo < 0 or hi <= lo:
-                    return False
+            self.start_read_ahead(requests)
         except (ValueError, TypeError, OcdbtError):
             return False
+        return True
+
+    def start_read_ahead(self, requests: Sequence[tuple[str, tuple[int, int]]]) -> concurrent.futures.Future[None]:
+        """Start reading bytes ``[start, stop)`` of each ``(key, (start, stop))``, all
+        concurrently, and return at once (the future says when all have arrived); each result
+        (an absent object included) answers the next :meth:`get` of its key whose range it
+        covers, once, within :attr:`ahead_seconds`.  A read from offset 0 that comes back
+        shorter than asked holds the whole object.  Writing or deleting the key drops it;
+        a failed read ahead is retried by that later :meth:`get`.  ``ValueError`` for ranges
+        other than ``0 <= start < stop``."""
+        reqs = [(k, (int(r[0]), int(r[1]))) for k, r in requests]
+        for k, (lo, hi) in reqs:
+            validate_key(k)
+            if lo < 0 or hi <= lo:
+                raise ValueError("read_ahead needs ranges 0 <= start < stop")
         now = time.monotonic()
+        futs = []
         with self._ahead_lock:
             for k in [k for k, e in self._ahead.items() if e[2] < now]:
                 del self._ahead[k]
             for k, r in reqs:
-                self._ahead[k] = (run_on_loop(self._limited(self._read(k, r))), r, now + self.ahead_seconds)
-        return True
+                fut = run_on_loop(self._limited(self._read(k, r)))
+                futs.append(fut)
+                self._ahead[k] = (fut, r, now + self.ahead_seconds)
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        all_done(futs).add_done_callback(lambda _f: done.set_result(None))
+        return done
 
     def _take_ahead(self, key: str, byte_range: ByteRange | None) -> tuple[bool, bytes | None]:
         """``(True, value)`` when a read ahead answers this read (and is used up by it)."""

@@ -1,6 +1,7 @@
 """N writer processes commit to one OCDBT database on the S3 server and on the Azure emulator
-at the same time: no commit is lost.  The processes get their endpoint and credentials only
-from the services' usual environment variables."""
+at the same time, through obstore's conditional puts and through the fsspec clients': no commit
+is lost.  The processes get their endpoint and credentials only from the services' usual
+environment variables."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ _WORKER = textwrap.dedent("""
     from ocdbt_py.errors import ConditionFailedError
     url, worker, m, incs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     db = ocdbt_py.open(url, mode="a", config={"max_inline_value_bytes": 8})
-    print("READY", flush=True)
+    print("READY", type(db.kvstore).__name__, flush=True)
     sys.stdin.readline()  # the go signal: every writer is ready
     for i in range(m):
         with db.transaction() as t:
@@ -49,9 +50,13 @@ _WORKER = textwrap.dedent("""
 """)
 
 
-def _run_writers(url: str, env_extra: dict[str, str]) -> list[int]:
+BACKEND_CLASS = {"obstore": ("ObstoreStore",), "fsspec": ("S3Store", "AzureStore")}
+
+
+def _run_writers(url: str, env_extra: dict[str, str], backend: str) -> list[int]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AZURE_", "STORAGE_EMULATOR"))}
     env.update(env_extra)
+    env["OCDBT_PY_BACKEND"] = backend
     env["PYTHONPATH"] = str(servers.REPO) + os.pathsep + env.get("PYTHONPATH", "")
     procs = [
         subprocess.Popen(
@@ -64,7 +69,9 @@ def _run_writers(url: str, env_extra: dict[str, str]) -> list[int]:
         for p in procs:  # wait until every process has imported and opened the database
             assert p.stdout is not None
             line = p.stdout.readline()
-            assert line.strip() == b"READY", (line, p.stderr.read().decode()[-3000:] if p.stderr else "")
+            words = line.decode().split()
+            assert words[:1] == ["READY"], (line, p.stderr.read().decode()[-3000:] if p.stderr else "")
+            assert words[1] in BACKEND_CLASS[backend], words
         for p in procs:  # then release them together
             assert p.stdin is not None
             p.stdin.write(b"go\n")
@@ -96,13 +103,14 @@ def _check(url: str, opts: dict[str, Any]) -> None:
     assert report.ok, report.format()
 
 
+@pytest.mark.parametrize("backend", ["obstore", "fsspec"])
 @pytest.mark.parametrize("kind", ["s3", "azure"])
-def test_concurrent_writer_processes(kind: str, request: pytest.FixtureRequest) -> None:
+def test_concurrent_writer_processes(kind: str, backend: str, request: pytest.FixtureRequest) -> None:
     srv: Any = request.getfixturevalue(f"{kind}_server")
     srv.make_bucket(BUCKET)
     scheme = {"s3": "s3", "azure": "az"}[kind]
     url = f"{scheme}://{BUCKET}/db{next(_n)}"
-    conflicts = _run_writers(url, srv.env())
-    _check(url, srv.storage_options())
+    conflicts = _run_writers(url, srv.env(), backend)
+    _check(url, {**srv.storage_options(), "backend": backend})
     # the writers really raced (otherwise this test proves nothing)
     assert sum(conflicts) > 0, conflicts

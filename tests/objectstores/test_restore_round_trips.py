@@ -15,6 +15,7 @@ import pytest
 from ocdbt_py import checkpoint
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.object_store import ObjectStore
+from ocdbt_py.kvstore.obstore_store import ObstoreStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
 from tests.objectstores import servers
 from tests.objectstores.latency_proxy import ProxyHandle
@@ -30,9 +31,16 @@ def proxy(s3_server: servers.S3Server, s3_proxy: Any) -> ProxyHandle:
     return s3_proxy(DELAY)  # type: ignore[no-any-return]
 
 
-def _s3(url: str, opts: dict[str, Any]) -> ObjectStore:
+@pytest.fixture(autouse=True, params=["obstore", "fsspec"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test on both routes of ``s3://`` URLs."""
+    monkeypatch.setenv("OCDBT_PY_BACKEND", request.param)
+    return str(request.param)
+
+
+def _s3(url: str, opts: dict[str, Any]) -> Any:
     store = open_kvstore(url, opts)
-    assert isinstance(store, ObjectStore)
+    assert isinstance(store, (ObjectStore, ObstoreStore))
     return store
 
 
@@ -106,7 +114,7 @@ def test_writes_and_deletes_drop_what_was_read_ahead(s3_server: servers.S3Server
     store.set("a", b"new")
     store.delete("b")
     assert store.get("a") == b"new" and store.get("b") is None
-    monkeypatch.setattr(ObjectStore, "ahead_seconds", -1.0)  # expired at once
+    monkeypatch.setattr(type(store), "ahead_seconds", -1.0)  # expired at once
     store.start_read_ahead([("c", (0, 100))]).result(timeout=60)
     store.set("c", b"newer")  # written by another client: the store cannot know
     assert store.get("c") == b"newer"  # expired: read again
