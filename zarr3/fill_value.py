@@ -184,8 +184,10 @@ def _b64_padded(value: str, nbytes: int | None, field: str) -> bytes:
     return raw
 
 
-def _parse_text_fill(value: Any, dt: DataType, field: str) -> np.ndarray:
-    """Fill values of string, bytes and raw types (v2 and v3 forms are the same)."""
+def _parse_text_fill(value: Any, dt: DataType, field: str, *, truncate: bool = False) -> np.ndarray:
+    """Fill values of string, bytes and raw types (v2 and v3 forms are the same, except that
+    ``truncate`` (v2) cuts a fixed-width text fill value longer than the element to its width,
+    as zarr-python's ``np.array(value, dtype)`` does; v3 refuses it)."""
     kind = dt.kind
     if kind == "object":  # json2 object arrays: any JSON value
         out = np.empty((), dtype=object)
@@ -196,7 +198,7 @@ def _parse_text_fill(value: Any, dt: DataType, field: str) -> np.ndarray:
     if not isinstance(value, str):
         raise MetadataError(field, value, f"expected a string for {dt.name}")
     if kind in ("unicode", "string"):
-        if kind == "unicode" and len(value) > dt.itemsize // 4:
+        if kind == "unicode" and len(value) > dt.itemsize // 4 and not truncate:
             raise MetadataError(field, value, f"longer than {dt.itemsize // 4} characters")
         return np.array(value, dtype=dt.dtype)
     nbytes = None if kind == "vbytes" else dt.itemsize
@@ -288,7 +290,7 @@ def parse_fill_value_v2(
     if value is None and kind not in ("string", "vbytes", "object"):
         return None
     if kind in _TEXT_KINDS:
-        return _parse_text_fill(value, dt, field)
+        return _parse_text_fill(value, dt, field, truncate=True)
     if kind == "datetime":
         return _parse_time_fill(value, dt, field)
     if kind == "raw" and isinstance(value, str):

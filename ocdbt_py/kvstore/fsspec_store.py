@@ -90,11 +90,13 @@ class FsspecStore(KvStore):
     When the innermost filesystem is a local directory (``simplecache::file://``,
     ``filecache::``, ``blockcache::``, ``dir::file://``, or fsspec's ``LocalFileSystem`` itself,
     which :func:`~ocdbt_py.kvstore.open_kvstore` opens as a :class:`LocalStore` instead), no
-    symbolic link below the root is followed, as in :class:`LocalStore`: before fsspec sees a
-    key's path, the path is opened in that directory with no link followed (one
-    ``openat2(RESOLVE_NO_SYMLINKS)`` on Linux, else an ``O_NOFOLLOW`` walk), and a link met
-    raises :class:`StorageError` naming it.  Reads, sizes, writes, streaming
-    (:meth:`fsspec_location`) refuse a link anywhere in the key, the last component included;
+    symbolic link takes an operation out of the root, as in :class:`LocalStore`: before fsspec
+    sees a key's path, the path is opened in that directory, for reads and sizes resolved
+    beneath the root (links that stay inside followed, see
+    :func:`~ocdbt_py.kvstore.local.open_beneath`), for writes and streaming
+    (:meth:`fsspec_location`) with no link followed at all, and a link refused raises
+    :class:`StorageError` naming it (never its target).  Writes refuse a link anywhere in the
+    key, the last component included;
     :meth:`delete` refuses a linked directory but removes a linked key itself (the link, never
     its target), like :class:`LocalStore`.  Listings are :class:`LocalStore`'s: a linked
     directory is not descended into (its files are not listed, and it is not a directory
@@ -157,40 +159,44 @@ class FsspecStore(KvStore):
         ``LocalFileSystem`` (a :class:`LocalStore` there loses nothing), else ``None``."""
         return (self._no_follow or "/") if self._plain_local else None
 
-    def _path(self, key: str, *, last_may_be_link: bool = False) -> str:
-        """The fsspec path of ``key``, once the key is known to pass through no link below a
-        local root (``last_may_be_link``: its directories only)."""
+    def _path(self, key: str, *, last_may_be_link: bool = False, write: bool = False) -> str:
+        """The fsspec path of ``key``, once the key is known to stay below a local root: for a
+        read, resolved beneath it (links inside followed); for a ``write``, through no link at
+        all (``last_may_be_link``: its directories only)."""
         validate_key(key)
         if self._no_follow is not None:
-            self._refuse_links(key, last_may_be_link)
+            self._refuse_links(key, last_may_be_link, write)
         return f"{self.root}/{key}" if self.root else key
 
-    def _refuse_links(self, key: str, last_may_be_link: bool) -> None:
+    def _refuse_links(self, key: str, last_may_be_link: bool, write: bool) -> None:
         """Raise :class:`StorageError` naming the first symbolic link on ``key``'s path below
-        the local root.  An absent or unreachable component ends the check quietly: every
+        the local root that the operation may not follow (reads: one leading out of the root;
+        writes: any).  An absent or unreachable component ends the check quietly: every
         component before it was checked, and the operation itself then fails the same way."""
         root = self._no_follow
         assert root is not None
+        parts = key.split("/")
         try:
-            if last_may_be_link:
-                if "/" in key:
-                    os.close(open_dir_beneath(root, key.split("/")[:-1], url=self.url))
+            if last_may_be_link or write:
+                dfd = open_dir_beneath(root, parts[:-1], url=self.url)  # no link followed
+                try:
+                    if not last_may_be_link and stat.S_ISLNK(os.stat(parts[-1], dir_fd=dfd,
+                                                                     follow_symlinks=False).st_mode):
+                        raise symlink_error(self.url, key)
+                finally:
+                    os.close(dfd)
                 return
-            fd = open_beneath(root, key, _PROBE_FLAGS, url=self.url, validated=True)
+            os.close(open_beneath(root, key, _PROBE_FLAGS, url=self.url, validated=True))  # resolved beneath
         except StorageError:
             raise
         except OSError:
             return
-        try:
-            if stat.S_ISLNK(os.fstat(fd).st_mode):  # O_PATH | O_NOFOLLOW opened the link itself
-                raise symlink_error(self.url, key)
-        finally:
-            os.close(fd)
 
     # -- capabilities ----------------------------------------------------------------------
     def fsspec_location(self, key: str = "") -> tuple[Any, str] | None:
-        """``(fs, path)``; below a local root, a key reached through a link is refused first."""
-        return self.fs, (self._path(key) if key else self.root)
+        """``(fs, path)``; below a local root, a key reached through any link is refused first
+        (streaming writers use it: they follow no link)."""
+        return self.fs, (self._path(key, write=True) if key else self.root)
 
     @property
     def _protocols(self) -> set[str]:
@@ -424,7 +430,7 @@ class FsspecStore(KvStore):
             raise ReadOnlyError(f"{self.url} is read-only")
 
     def set(self, key: str, value: bytes | bytearray | memoryview) -> None:
-        path = self._path(key)
+        path = self._path(key, write=True)
         self._check_writable()
         try:
             parent = path.rsplit("/", 1)[0]

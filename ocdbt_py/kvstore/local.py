@@ -6,12 +6,16 @@ follow TensorStore's file-driver protocol so both libraries can commit to one da
 writer holds an exclusive lock on a sibling ``<key>.__lock`` file while it checks the
 generation, writes the new value into that lock file and renames it over the key.
 
-No symbolic link below the root is ever followed, for reads or writes (the lock files and
-data directories included): every operation walks the key's directories with
-``O_NOFOLLOW``-opened directory descriptors and opens the last component with ``O_NOFOLLOW``,
-so a database or checkpoint made by someone else cannot make us read or write outside it.  A
-link meets :class:`~ocdbt_py.errors.StorageError`; the root itself may be a link (the caller
-chose it).
+Symbolic links below the root never take us outside it.  **Reads** resolve a key beneath the
+root, as ``openat2(RESOLVE_BENEATH)`` does: a relative link that stays inside the root (OME-Zarr
+stores link chunks to another array of the same store) is followed; an absolute link, a link
+whose ``..`` climbs above the root, or a path through such a link meets
+:class:`~ocdbt_py.errors.StorageError` naming the link (never its target), and nothing outside
+is read.  **Writes** follow no link at all (the lock files and data directories included): they
+walk the key's directories with ``O_NOFOLLOW``-opened directory descriptors and open the last
+component with ``O_NOFOLLOW``, so a database or checkpoint made by someone else cannot make us
+write anywhere but where the key says.  The root itself may be a link (the caller chose it).
+Listings do not descend into linked directories.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ try:  # POSIX only; without it conditional writes are unsupported.
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LocalStore", "create_beneath", "key_below", "open_beneath", "open_dir_beneath", "symlink_error"]
+__all__ = ["LocalStore", "create_beneath", "key_below", "open_beneath", "open_dir_beneath", "stat_beneath",
+           "symlink_error"]
 
 _LOCK_SUFFIX = ".__lock"
 #: Marks the temporary file of a write in progress (renamed into place when complete).
@@ -144,22 +149,13 @@ class LocalStore(KvStore):
             os.close(fd)
 
     def size(self, key: str) -> int | None:
+        validate_key(key)
         try:
-            dfd, name = self._dir(key)
+            st = stat_beneath(self._anchor, self._anchored(key), url=self.url)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:
             raise self._fail("reading", key, e) from e
-        try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as e:
-            raise self._fail("reading", key, e) from e
-        finally:
-            os.close(dfd)
-        if stat.S_ISLNK(st.st_mode):
-            raise symlink_error(self.url, key)
         return None if stat.S_ISDIR(st.st_mode) else st.st_size
 
     def get_many(self, requests: Sequence[ReadRequest]) -> list[bytes | None]:
@@ -382,8 +378,13 @@ _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
 
 
 def symlink_error(url: str, key: str) -> StorageError:
-    """The error for a symbolic link met below a store's root."""
+    """The error for a symbolic link met below a store's root where none is followed (writes)."""
     return StorageError(f"{url}/{key} is a symbolic link: links inside a store are never followed")
+
+
+def symlink_escape_error(url: str, key: str, why: str = "leads out of the store") -> StorageError:
+    """The error for a link a read may not follow: it ``why`` (its target is never quoted)."""
+    return StorageError(f"{url}/{key} is a symbolic link that {why}: reads follow links only beneath the root")
 
 
 def _is_link(dfd: int, name: str) -> bool:
@@ -491,17 +492,23 @@ def _open_fast(root: str, key: str, flags: int) -> int | None:
 def open_beneath(root: str, key: str, flags: int = os.O_RDONLY, *, url: str | None = None,
                  validated: bool = False) -> int:
     """Open the file ``key`` (a ``/``-separated relative key, checked unless ``validated``)
-    below ``root`` with no symbolic link followed below ``root``; raises like
-    :func:`open_dir_beneath`.
+    below ``root``; raises like :func:`open_dir_beneath`.
 
-    On Linux one ``openat2`` call with ``RESOLVE_NO_SYMLINKS`` does it; elsewhere (or when it
-    meets a link, to say which) the directories are walked with ``O_NOFOLLOW``."""
+    To read (``flags`` with no write or create bit) the key is resolved beneath ``root`` as
+    ``openat2(RESOLVE_BENEATH)`` does: links that stay below ``root`` are followed, one that
+    leads out (absolute, or climbing above ``root``) raises :class:`StorageError`.  On Linux one
+    ``openat2(RESOLVE_NO_SYMLINKS)`` call answers when the path holds no link; otherwise the
+    path is walked component by component (:func:`_resolve_beneath`).  To write, no link is
+    followed at all: the directories are walked with ``O_NOFOLLOW``."""
     if not validated:
         validate_key(key)
     if not flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR):
         fd = _open_fast(root, key, flags)
         if fd is not None:
-            return fd
+            if not flags & _PATH or not stat.S_ISLNK(os.fstat(fd).st_mode):
+                return fd
+            os.close(fd)  # O_PATH | O_NOFOLLOW opened a link itself: resolve it below
+        return _resolve_beneath(root, key, flags, url or "file://" + root)
     parts = key.split("/")
     url = url or "file://" + root
     dfd = open_dir_beneath(root, parts[:-1], url=url)
@@ -509,6 +516,73 @@ def open_beneath(root: str, key: str, flags: int = os.O_RDONLY, *, url: str | No
         return _open_file(dfd, parts[-1], flags, url, key)
     finally:
         os.close(dfd)
+
+
+#: The most links one read resolves (Linux's own limit, ``MAXSYMLINKS``): more is a loop.
+MAX_LINKS = 40
+_PATH = getattr(os, "O_PATH", 0)
+
+
+def _resolve_beneath(root: str, key: str, flags: int, url: str) -> int:
+    """Open ``key`` below ``root`` for reading, following the links that stay beneath it.
+
+    Walks with directory descriptors: each component is opened with ``O_NOFOLLOW`` relative to
+    the descriptor of its parent, so what is checked is what is opened.  A link met is read
+    with ``readlinkat`` and its target's components are resolved in its place; ``..`` returns
+    to the parent descriptor (held on a stack).  Refused, naming the first link on the key's
+    own path (the one that led there) and never a target: an absolute target, a ``..`` above
+    ``root``, more than :data:`MAX_LINKS` links.
+    Raises ``FileNotFoundError``/``NotADirectoryError`` for an absent file or directory."""
+    stack = [os.open(root, _DIR_FLAGS)]
+    names: list[str] = []
+    todo = key.split("/")[::-1]
+    links = 0
+    link_key = ""
+    try:
+        while todo:
+            name = todo.pop()
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if len(stack) == 1:
+                    raise symlink_escape_error(url, link_key, "climbs above the root")
+                os.close(stack.pop())
+                names.pop()
+                continue
+            dfd = stack[-1]
+            try:
+                if todo:
+                    stack.append(os.open(name, _DIR_FLAGS | _NOFOLLOW, dir_fd=dfd))
+                    names.append(name)
+                    continue
+                fd = os.open(name, flags | _NOFOLLOW | _CLOEXEC, dir_fd=dfd)
+                if not flags & _PATH or not stat.S_ISLNK(os.fstat(fd).st_mode):
+                    return fd
+                os.close(fd)
+            except OSError:
+                if not _is_link(dfd, name):
+                    raise
+            links += 1
+            link_key = link_key or "/".join([*names, name])  # errors name the key's own link
+            if links > MAX_LINKS:
+                raise symlink_escape_error(url, link_key, f"starts a chain of more than {MAX_LINKS} links")
+            target = os.readlink(name, dir_fd=dfd)
+            if not target or target.startswith("/"):
+                raise symlink_escape_error(url, link_key, "is absolute" if target else "is empty")
+            todo.extend(target.split("/")[::-1])
+        raise IsADirectoryError(errno.EISDIR, "is the root directory", key)
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def stat_beneath(root: str, key: str, *, url: str | None = None) -> os.stat_result:
+    """``stat`` of ``key`` below ``root``, resolved as a read is (see :func:`open_beneath`)."""
+    fd = open_beneath(root, key, _PATH or os.O_RDONLY, url=url, validated=True)
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 def create_beneath(root: str, key: str, *, url: str | None = None) -> tuple[int, int]:

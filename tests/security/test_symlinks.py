@@ -1,8 +1,11 @@
-"""Hole 1: symbolic links below a store's root are never followed, for reads or writes.
+"""Hole 1: symbolic links never take a read or a write outside the store's root.
 
 A checkpoint or database made by someone else may hold links to files or directories
-outside it.  Reads must not return (or quote in an error) the target's bytes; writes (the
-commit's lock file, data files under ``d/``) must not land outside the root.
+outside it.  Reads resolve keys beneath the root as ``openat2(RESOLVE_BENEATH)`` does: links
+that stay inside are followed (OME-Zarr stores link chunks between arrays of one store), a link
+that leads out (absolute, climbing above the root, or reached through such a link) is refused,
+and the target's bytes are never returned or quoted.  Writes follow no link at all (the
+commit's lock file, data files under ``d/``: ``test_symlink_writes.py`` too).
 """
 
 from __future__ import annotations
@@ -296,3 +299,73 @@ def test_archive_members_are_unaffected(tmp_path: Path, outside: Path, monkeypat
     kv = open_kvstore(f"zip::file://{zpath}")
     assert kv.get("x/y") == b"member" and kv.get("top", (0, 1)) == b"t"
     assert list(kv.list()) == ["top", "x/y"]
+
+
+# -- links that stay beneath the root are followed by reads ------------------------------------
+def _root_with_inner_links(tmp_path: Path, outside: Path) -> Path:
+    root = tmp_path / "root"
+    (root / "base" / "sub").mkdir(parents=True)
+    (root / "deep").mkdir()
+    (root / "base" / "a").write_bytes(b"A-data")
+    (root / "base" / "sub" / "b").write_bytes(b"B")
+    os.symlink("base/a", root / "same")                  # a file link
+    os.symlink("same", root / "chain")                   # a link to a link
+    os.symlink("base", root / "dlink")                   # a directory link
+    os.symlink("../base/a", root / "deep" / "x")         # '..' that stays inside
+    os.symlink("../root/base/a", root / "up")            # climbs above the root (and back): refused
+    os.symlink("../outside/victim", root / "rel_out")    # relative, out of the root
+    os.symlink("dlink/../../outside/victim", root / "via")  # out through an inner link
+    os.symlink(str(root / "base" / "a"), root / "abs_in")   # absolute, even to inside: refused
+    os.symlink("loop2", root / "loop1")
+    os.symlink("loop1", root / "loop2")
+    return root
+
+
+INNER = {"same": b"A-data", "chain": b"A-data", "dlink/a": b"A-data", "dlink/sub/b": b"B", "deep/x": b"A-data"}
+OUT = {"up": "up", "rel_out": "rel_out", "via": "via", "abs_in": "abs_in", "loop1": "loop"}
+
+
+@pytest.mark.parametrize("url", ["{}", *LOCAL_URLS])
+@pytest.mark.parametrize("walk", [False, True], ids=["openat2", "walk"])
+def test_reads_follow_links_beneath_the_root(
+    tmp_path: Path, outside: Path, url: str, walk: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if walk:
+        monkeypatch.setattr(local_module, "_openat2", False)
+    kv = open_kvstore(url.format(_root_with_inner_links(tmp_path, outside)))
+    for key, want in INNER.items():
+        assert kv.get(key) == want, key
+        assert kv.get(key, (1, 3)) == want[1:3] and kv.get(key, (-1, None)) == want[-1:]
+        assert kv.size(key) == len(want) and kv.exists(key)
+        assert kv.get_many([key, (key, (0, 1))]) == [want, want[:1]]
+    for key, link in OUT.items():
+        for op in (kv.get, kv.size, lambda k: kv.get_many([k])):
+            with pytest.raises(StorageError, match="symbolic link") as ei:
+                op(key)
+            assert f"/{link}" in str(ei.value)
+            _assert_no_leak(ei)
+    assert (outside / "victim").read_bytes() == SECRET
+    # writes still follow no link, not even one that stays inside
+    root = tmp_path / "root"
+    with pytest.raises(StorageError, match="/dlink is a symbolic link"):
+        kv.set("dlink/a", b"overwritten")
+    try:
+        kv.set("same", b"overwritten")  # LocalStore replaces the link itself; fsspec refuses
+    except StorageError as e:
+        assert "symbolic link" in str(e)
+    assert (root / "base" / "a").read_bytes() == b"A-data"
+
+
+def test_checkpoint_chunk_linked_inside_restores(tmp_path: Path) -> None:
+    """A per-parameter checkpoint whose chunk is a relative link to a copy in the same
+    checkpoint restores (as zarr-python and TensorStore read it)."""
+    ck = dirs_checkpoint(tmp_path / "ck")
+    (ck / "copy").mkdir()
+    (ck / "w" / "0").rename(ck / "copy" / "0")
+    os.symlink("../copy/0", ck / "w" / "0")
+    np.testing.assert_array_equal(checkpoint.restore(ck)["w"], np.arange(6, dtype=np.float32))
+    (ck / "w" / "0").unlink()
+    os.symlink("../../outside_ck", ck / "w" / "0")
+    (tmp_path / "outside_ck").write_bytes(np.full(6, 9, dtype="<f4").tobytes())
+    with pytest.raises(OcdbtError, match="symbolic link"):
+        checkpoint.restore(ck)

@@ -19,15 +19,30 @@ import numpy as np
 from ocdbt_py.errors import CorruptionError
 from zarr3.errors import MetadataError
 
-__all__ = ["Filter", "FILTERS", "register_filter", "filter_dtype", "raw_view", "check_keys"]
+__all__ = ["Filter", "FILTERS", "register_filter", "filter_dtype", "raw_view", "viewed_count", "check_keys"]
 
 _DTYPE = re.compile(r"^[<>|=]?[biufcSU][0-9]{1,7}$")
+#: A dtype by name, as numcodecs takes it through ``np.dtype(name)`` (zarr-python 3.1 writes
+#: ``"int32"`` into ``numcodecs.delta`` etc.): a short lowercase word, maybe with digits.
+_DTYPE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,15}$")
+#: Numeric kinds a dtype name may resolve to (``"object"``, ``"datetime64"``... may not).
+_NAMED_KINDS = "biufc"
 
 
 def filter_dtype(value: Any, field: str, *, allow_text: bool = False) -> np.dtype[Any]:
-    """A dtype string from a filter configuration (``"<i4"``, ``"|u1"``, ``"<U5"``...)."""
+    """A dtype from a filter configuration: a NumPy dtype string (``"<i4"``, ``"|u1"``,
+    ``"<U5"``...) or, as numcodecs accepts, a numeric dtype name (``"int32"``, ``"float64"``,
+    ``"bool"``; native byte order, as ``np.dtype(name)`` gives)."""
     if allow_text and value in ("|O", "O", "object"):
         return np.dtype(object)
+    if isinstance(value, str) and not _DTYPE.match(value) and _DTYPE_NAME.match(value):
+        try:
+            named = np.dtype(value)
+        except TypeError:
+            named = None
+        if named is None or named.kind not in _NAMED_KINDS:
+            raise MetadataError(field, value, "expected a NumPy dtype string such as '<i4' or a numeric dtype name")
+        return named
     if not isinstance(value, str) or not _DTYPE.match(value):
         raise MetadataError(field, value, "expected a NumPy dtype string such as '<i4'")
     dt = np.dtype(value)
@@ -47,6 +62,13 @@ def raw_view(buf: Any, dtype: np.dtype[Any], what: str) -> np.ndarray:
     if raw.size % dtype.itemsize:
         raise CorruptionError(f"{what}: {raw.size} bytes is not a whole number of {dtype} elements")
     return raw.view(dtype)
+
+
+def viewed_count(n: int, dtype: np.dtype[Any], view: np.dtype[Any]) -> int:
+    """How many ``view`` elements the bytes of ``n`` elements of ``dtype`` hold: numcodecs'
+    delta/fixedscaleoffset/quantize/astype read their input through their own ``dtype``, which
+    may differ from the array's (a size that does not divide is caught as corrupt on decode)."""
+    return n * dtype.itemsize // view.itemsize if dtype.itemsize != view.itemsize else n
 
 
 def check_keys(config: Mapping[str, Any], allowed: tuple[str, ...], field: str) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from zarr3.codecs._filter import Filter, check_keys, filter_dtype, raw_view, register_filter
+from zarr3.codecs._filter import Filter, check_keys, filter_dtype, raw_view, register_filter, viewed_count
 
 __all__ = ["AsTypeFilter"]
 
@@ -35,6 +35,9 @@ class AsTypeFilter(Filter):
 
     def encoded_dtype(self, dtype: np.dtype[Any]) -> np.dtype[Any]:
         return self.encode_dtype
+
+    def encoded_count(self, n: int, dtype: np.dtype[Any]) -> int:
+        return viewed_count(n, dtype, self.decode_dtype)
 
     def encode(self, arr: np.ndarray) -> np.ndarray:
         return raw_view(arr, self.decode_dtype, "astype").astype(self.encode_dtype)

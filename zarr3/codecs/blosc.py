@@ -45,6 +45,8 @@ def _blosc() -> Any:
     return _blosc_mod
 
 
+#: flags bit 1 of a blosc header: the frame holds the input as is after the 16-byte header
+_MEMCPYED = 0x02
 # flags bits 5-7 of a blosc header: the compressor library of the frame
 _FORMATS = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
 
@@ -205,7 +207,6 @@ class BloscCodec(BytesBytesCodec):
             raise CorruptionError(f"{cbytes} bytes of blosc data cannot decompress to the {nbytes} bytes declared")
 
     def decode(self, data: Buffer, size: int | None, bound: int) -> Buffer:
-        blosc = _blosc()
         if len(data) < _HEADER:
             raise CorruptionError(f"blosc frame of {len(data)} bytes is shorter than its header")
         nbytes, _blocksize, cbytes = struct.unpack_from("<III", data, 4)
@@ -218,6 +219,12 @@ class BloscCodec(BytesBytesCodec):
         if cbytes < len(data):
             # bytes after the frame (z5py pads chunks); the blosc library ignores them too
             data = memoryview(data)[:cbytes]
+        if memoryview(data)[2] & _MEMCPYED:
+            # stored raw (blosc found it incompressible): no compressor, whatever the frame names
+            if cbytes != _HEADER + nbytes:
+                raise CorruptionError(f"raw blosc frame of {cbytes} bytes cannot hold the {nbytes} bytes declared")
+            return bytes(memoryview(data)[_HEADER:cbytes])
+        blosc = _blosc()
         _check_compressor(blosc, data)
         try:
             out = blosc.decompress(data)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from zarr3.codecs._filter import Filter, check_keys, filter_dtype, raw_view, register_filter
+from zarr3.codecs._filter import Filter, check_keys, filter_dtype, raw_view, register_filter, viewed_count
 
 __all__ = ["DeltaFilter"]
 
@@ -34,6 +34,9 @@ class DeltaFilter(Filter):
 
     def encoded_dtype(self, dtype: np.dtype[Any]) -> np.dtype[Any]:
         return self.astype
+
+    def encoded_count(self, n: int, dtype: np.dtype[Any]) -> int:
+        return viewed_count(n, dtype, self.dtype)
 
     def encode(self, arr: np.ndarray) -> np.ndarray:
         x = raw_view(arr, self.dtype, "delta")

@@ -32,7 +32,7 @@ from ocdbt_py.errors import CorruptionError, StorageError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.coalesce import merge_ranges
 from ocdbt_py.kvstore.keys import validate_key
-from ocdbt_py.kvstore.local import open_beneath, open_dir_beneath, symlink_error
+from ocdbt_py.kvstore.local import open_beneath, stat_beneath
 
 __all__ = ["LocalSource", "Placement", "local_root"]
 
@@ -345,28 +345,17 @@ class LocalSource:
 
 
 def _lstat_beneath(base: str, path: str) -> os.stat_result | None:
-    """``lstat`` of ``path`` below ``base`` with no directory link followed (``None``: absent);
-    a link raises :class:`StorageError`."""
-    parts = _relkey(base, path).split("/")
+    """``stat`` of ``path`` below ``base``, resolved as reads are (links that stay beneath
+    ``base`` followed, see :func:`~ocdbt_py.kvstore.local.open_beneath`; ``None``: absent); a
+    link leading out raises :class:`StorageError`."""
     try:
-        dfd = open_dir_beneath(base, parts[:-1])
+        return stat_beneath(base, _relkey(base, path), url="file://" + base)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except StorageError:
         raise
     except OSError as e:
         raise StorageError(f"cannot stat {path}: {e.strerror}") from e
-    try:
-        st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as e:
-        raise StorageError(f"cannot stat {path}: {e.strerror}") from e
-    finally:
-        os.close(dfd)
-    if stat.S_ISLNK(st.st_mode):
-        raise symlink_error("file://" + base, "/".join(parts))
-    return st
 
 
 def _unmap(span: list[Any]) -> None:
