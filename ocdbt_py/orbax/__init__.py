@@ -25,6 +25,7 @@ from ocdbt_py.orbax import (
     metadata,
     options,
     path,
+    transform_utils,
     tree,
     type_handlers,
     utils,
@@ -41,6 +42,7 @@ from ocdbt_py.orbax.handlers import (
     AsyncCheckpointHandler,
     CheckpointHandler,
     CompositeCheckpointHandler,
+    DefaultCheckpointHandlerRegistry,
     JsonCheckpointHandler,
     PyTreeCheckpointHandler,
     StandardCheckpointHandler,
@@ -48,6 +50,7 @@ from ocdbt_py.orbax.handlers import (
 from ocdbt_py.orbax.manager import CheckpointManager, CheckpointManagerOptions
 from ocdbt_py.orbax.options import AsyncOptions, MultiprocessingOptions
 from ocdbt_py.orbax.path import step
+from ocdbt_py.orbax.transform_utils import RestoreTransform, Transform, apply_transformations
 from ocdbt_py.orbax.type_handlers import ArrayRestoreArgs, RestoreArgs, SaveArgs
 
 AbstractCheckpointManager = CheckpointManager
@@ -80,6 +83,7 @@ __all__ = [
     "PyTreeCheckpointHandler",
     "JsonCheckpointHandler",
     "CompositeCheckpointHandler",
+    "DefaultCheckpointHandlerRegistry",
     "CheckpointManager",
     "AbstractCheckpointManager",
     "CheckpointManagerOptions",
@@ -89,4 +93,8 @@ __all__ = [
     "RestoreArgs",
     "ArrayRestoreArgs",
     "PLACEHOLDER",
+    "transform_utils",
+    "Transform",
+    "RestoreTransform",
+    "apply_transformations",
 ]

@@ -41,9 +41,19 @@ from ocdbt_py.orbax import args as args_lib
 from ocdbt_py.orbax._convert import apply_save_args, put_placeholders, restore_target, strip_placeholders
 from ocdbt_py.orbax._foreign import refuse_orbax_object
 from ocdbt_py.orbax._saved_shardings import saved_sharding_target
+from ocdbt_py.orbax.registry import (
+    CheckpointHandlerRegistry,
+    DefaultCheckpointHandlerRegistry,
+    create_default_handler_registry,
+)
+from ocdbt_py.orbax.transform_utils import apply_transformations
+from ocdbt_py.orbax.type_handlers import ArrayRestoreArgs, RestoreArgs
 from ocdbt_py.orbax.utils import is_primary_host
 
 __all__ = [
+    "CheckpointHandlerRegistry",
+    "DefaultCheckpointHandlerRegistry",
+    "create_default_handler_registry",
     "CheckpointHandler",
     "AsyncCheckpointHandler",
     "StandardCheckpointHandler",
@@ -238,14 +248,26 @@ class PyTreeCheckpointHandler(CheckpointHandler):
             opts["pytree_custom_metadata"] = args.custom_metadata
         return NativeItem(tree, self.kind, opts, sizes)
 
+    def _restore_transformed(self, location: Location, args: Any, item: str | None) -> Any:
+        """``PyTreeRestore(transforms={...})``: the original tree, transformed into ``args.item``'s."""
+        return _restore_transformed_impl(location, args, item)
+
     def restore_from(self, location: Location, args: args_lib.CheckpointArgs | None, item: str | None = None) -> Any:
         """Restore with ``args.item`` / ``args.restore_args`` as the target."""
         if args is None or (getattr(args, "item", None) is None and getattr(args, "restore_args", None) is None):
             # as Orbax: arrays saved from JAX come back on their saved shardings (JAX loaded)
             return restore(location, saved_sharding_target(location, item), item=item)
+        if isinstance(args, args_lib.PyTreeRestore) and args.restore_args is None and _all_restore_args(args.item):
+            # PyTreeRestore(tree of RestoreArgs) positionally: Orbax takes it as the restore arguments
+            args = dataclasses.replace(args, item=None, restore_args=args.item)
         if isinstance(args, args_lib.PyTreeRestore):
-            if args.transforms is not None or args.legacy_transform_fn is not None:
-                raise UnsupportedError("PyTreeRestore(transforms=...) is not supported; restore, then transform")
+            if args.legacy_transform_fn is not None:
+                raise UnsupportedError("PyTreeRestore(legacy_transform_fn=...) is not supported; use transforms=")
+            if args.transforms:
+                return self._restore_transformed(location, args, item)
+            if args.transforms is not None and not args.partial_restore:
+                # transforms={}: the item's keys, taken from the checkpoint (the others left out)
+                args = dataclasses.replace(args, partial_restore=True)
             cache: dict[str, Any] = {}
 
             def stored(names: tuple[str, ...]) -> Any:
@@ -263,6 +285,40 @@ class PyTreeCheckpointHandler(CheckpointHandler):
             raise TypeError(f"{type(self).__name__} restores {self.restore_args.__name__}, not {type(args).__name__}")
         target, holes = strip_placeholders(target)
         return put_placeholders(restore(location, target, item=item), holes)
+
+
+def _place(value: Any, a: Any) -> Any:
+    """``value`` cast and placed as its restore argument says (``ArrayRestoreArgs``: a
+    ``jax.Array`` on its sharding)."""
+    if isinstance(a, RestoreArgs) and a.dtype is not None and hasattr(value, "astype"):
+        value = value.astype(a.dtype)
+    if isinstance(a, ArrayRestoreArgs):
+        import jax  # ArrayRestoreArgs name JAX shardings: JAX is loaded already
+
+        sharding = a.sharding
+        if sharding is None and a.mesh is not None:
+            sharding = jax.sharding.NamedSharding(a.mesh, a.mesh_axes)
+        return jax.device_put(value, sharding) if sharding is not None else jax.numpy.asarray(value)
+    return value
+
+
+def _all_restore_args(tree: Any) -> bool:
+    """Whether ``tree`` is a non-empty tree whose every leaf is a ``RestoreArgs``."""
+    if tree is None:
+        return False
+    flat, _ = flatten_with_names(tree, is_leaf=lambda x: isinstance(x, RestoreArgs))
+    return bool(flat) and all(isinstance(v, RestoreArgs) for _, v in flat)
+
+
+def _restore_transformed_impl(location: Location, args: Any, item: str | None) -> Any:
+    original = restore(location, saved_sharding_target(location, item), item=item)
+    new = apply_transformations(original, args.transforms, args.item,
+                                default_to_original=args.transforms_default_to_original)
+    if args.restore_args is None:
+        return new
+    flat, rebuild = flatten_with_names(new)
+    by_name = dict(flatten_with_names(args.restore_args, is_leaf=lambda x: isinstance(x, RestoreArgs))[0])
+    return rebuild([_place(v, by_name.get(n)) for n, v in flat])
 
 
 class StandardCheckpointHandler(PyTreeCheckpointHandler):
@@ -414,6 +470,10 @@ class CompositeCheckpointHandler(CheckpointHandler):
             refuse_orbax_object(h, f"the handler of item {name!r}")
         if handler_registry is not None:
             refuse_orbax_object(handler_registry, "handler_registry")
+            if item_names or items_and_handlers:
+                raise ValueError("Both `handler_registry` and `item_names`/`items_and_handlers` were provided; "
+                                 "give one of them.")
+        self.registry = handler_registry
         self.handlers: dict[str, CheckpointHandler | None] = {n: None for n in item_names}
         self.handlers.update(items_and_handlers)
         self._fixed = bool(item_names)  # items named up front: no others may be saved
@@ -423,6 +483,8 @@ class CompositeCheckpointHandler(CheckpointHandler):
         ``ValueError`` when ``a`` is not an argument of the item's handler, or names an item
         the handler was not configured with."""
         h = self.handlers.get(name)
+        if h is None and self.registry is not None:
+            h = self._from_registry(name, a)
         if h is None:
             if a is None:
                 if explicit:
@@ -438,6 +500,21 @@ class CompositeCheckpointHandler(CheckpointHandler):
             raise ValueError(f"Provided `CheckpointArgs` of type {type(a).__name__} for item {name!r} does not match "
                              f"with any registered handler ({type(h).__name__} takes "
                              f"{[c.__name__ for c in args_lib.registered_args_of(h)]}).")
+        return h
+
+    def _from_registry(self, name: str, a: Any) -> CheckpointHandler | None:
+        """The registry's handler for item ``name`` and argument ``a`` (by name, then for any
+        item), remembered for the item."""
+        reg = self.registry
+        h = None
+        if a is None:
+            h = reg.handler_of_item(name) if hasattr(reg, "handler_of_item") else None
+        elif reg.has(name, a):
+            h = reg.get(name, a)
+        elif reg.has(None, a):
+            h = reg.get(None, a)
+        if h is not None:
+            self.handlers[name] = h
         return h
 
     def start_save(self, directory: Location, args: args_lib.CheckpointArgs, *, force: bool,

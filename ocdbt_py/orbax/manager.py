@@ -218,7 +218,13 @@ class CheckpointManager:
         elif item_handlers is not None:
             self._default = False
             handlers.update(item_handlers)
-        self._handler = CompositeCheckpointHandler(*(item_names or ()), **handlers)
+        if handler_registry is not None and (item_names is not None or item_handlers is not None):
+            raise ValueError("`handler_registry` cannot be combined with `item_names` or `item_handlers`.")
+        if handler_registry is not None:
+            self._default = None
+            self._handler = CompositeCheckpointHandler(handler_registry=handler_registry)
+        else:
+            self._handler = CompositeCheckpointHandler(*(item_names or ()), **handlers)
         self._root_metadata: RootMetadata | None = None
         if metadata is not None and o.save_root_metadata and not o.read_only and self._native.is_primary:
             write_root_metadata(self._native.kv, dict(metadata))

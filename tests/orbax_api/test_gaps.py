@@ -137,3 +137,43 @@ def test_composite_handler_returns_composite(tmp_path) -> None:
     got = h.restore(tmp_path, ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
     assert isinstance(got, ocp.args.Composite) and got.meta == {"lang": "en"}
     assert isinstance(h.metadata(tmp_path), ocp.args.Composite)
+
+
+def test_transforms_and_placeholders(tmp_path) -> None:
+    ckptr = ocp.PyTreeCheckpointer()
+    ckptr.save(tmp_path / "c", {"params": {"w": np.arange(6.0)}, "opt": {"mu": np.ones(3)}, "step": 3})
+    # transforms={} (MaxText's load_params_from_path): the item's keys only
+    got = ckptr.restore(tmp_path / "c", args=ocp.args.PyTreeRestore(item={"params": {"w": np.zeros(6)}},
+                                                                     transforms={}))
+    assert set(got) == {"params"} and got["params"]["w"].tolist() == list(range(6))
+    renamed = ckptr.restore(tmp_path / "c", args=ocp.args.PyTreeRestore(
+        item={"w2": 0, "step": 0}, transforms={"w2": ocp.Transform(original_key="params/w", value_fn=lambda v: v * 2)}))
+    assert renamed["step"] == 3 and renamed["w2"].tolist() == [0, 2, 4, 6, 8, 10]
+    rename = {r"(.*)/y": ocp.Transform(original_key=r"\1/x")}
+    by_regex = ocp.apply_transformations({"a": {"x": 1}, "b": {"x": 2}}, rename, {"a": {"y": 0}, "b": {"y": 0}})
+    assert by_regex == {"a": {"y": 1}, "b": {"y": 2}}
+    with pytest.raises(ValueError):
+        ocp.apply_transformations({"a": 1}, {}, {"z": 0})
+    held = ckptr.restore(tmp_path / "c", args=ocp.args.PyTreeRestore(
+        item={"params": {"w": np.zeros(6)}, "opt": ocp.PLACEHOLDER, "step": 0}, partial_restore=True))
+    assert held["opt"] is ocp.PLACEHOLDER and held["step"] == 3
+
+
+def test_handler_registry_object(tmp_path) -> None:
+    reg = ocp.DefaultCheckpointHandlerRegistry()
+    reg.add("state", ocp.args.StandardSave)
+    reg.add("state", ocp.args.StandardRestore)
+    reg.add(None, ocp.args.JsonSave, ocp.JsonCheckpointHandler())
+    with pytest.raises(ValueError):
+        reg.add("state", ocp.args.StandardSave)
+    assert isinstance(reg.get("state", ocp.args.StandardSave({})), ocp.StandardCheckpointHandler)
+    mngr = ocp.CheckpointManager(tmp_path, handler_registry=reg)
+    mngr.save(0, args=ocp.args.Composite(state=ocp.args.StandardSave({"a": np.arange(2)}),
+                                         meta=ocp.args.JsonSave({"k": 1})))
+    mngr.wait_until_finished()
+    got = mngr.restore(0, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    assert got.state["a"].tolist() == [0, 1]
+    with pytest.raises(ValueError, match="does not match with any registered handler"):
+        ocp.CheckpointManager(tmp_path / "x", item_handlers={"p": ocp.PyTreeCheckpointHandler()}).save(
+            0, args=ocp.args.Composite(p=ocp.args.StandardSave({"a": 1})))
+    mngr.close()
