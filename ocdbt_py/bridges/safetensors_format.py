@@ -57,7 +57,7 @@ def numpy_dtype(code: str) -> np.dtype:
     return dt.newbyteorder("<") if dt.byteorder == ">" else dt
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class TensorInfo:
     """One tensor of a safetensors file: byte span relative to the start of the file."""
 
@@ -109,6 +109,23 @@ def _entry(name: str, e: Any, data_start: int, where: str) -> TensorInfo:
     return TensorInfo(name, dt, dims, data_start + begin, data_start + end)
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members, refusing a name given twice (``json`` keeps the last silently,
+    so two readers could disagree on which tensor a name means)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(k)
+            seen.add(k)
+    return out
+
+
 def parse_header(head: bytes, file_size: int, where: str) -> Header | int:
     """Parse a header from the first bytes of a file of ``file_size`` bytes.
 
@@ -127,7 +144,9 @@ def parse_header(head: bytes, file_size: int, where: str) -> Header | int:
     if len(head) < 8 + n:
         return 8 + n
     try:
-        doc = json.loads(head[8:8 + n].decode("utf-8"))
+        doc = json.loads(head[8:8 + n].decode("utf-8"), object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise CorruptionError(f"{where}: header names {e.args[0]!r} twice (which one is meant?)") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CorruptionError(f"{where}: header is not valid JSON: {e}") from e
     if not isinstance(doc, dict):

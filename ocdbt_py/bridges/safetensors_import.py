@@ -28,6 +28,7 @@ from ocdbt_py.bridges.safetensors_format import (
     parse_header,
     parse_index,
 )
+from ocdbt_py.checkpoint.layout import param_dir_problem
 from ocdbt_py.checkpoint.saving import api as _save
 from ocdbt_py.checkpoint.saving.atomic import open_destination
 from ocdbt_py.checkpoint.saving.distributed import coordinator
@@ -41,7 +42,7 @@ __all__ = ["import_safetensors", "SourceTensor", "list_source", "read_header"]
 _FIRST_READ = 1 << 16
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class SourceTensor:
     """A tensor of the source: which file of the source directory, and where in it."""
 
@@ -226,6 +227,10 @@ def import_safetensors(
                                                    else rename.get(t.info.name, t.info.name))
         if new is None:
             continue
+        problem = param_dir_problem(new)
+        if problem is not None:  # it would import into OCDBT but could never be copied to directories
+            shown = repr(t.info.name) + ("" if new == t.info.name else f" (renamed {new!r})")
+            raise ValueError(f"tensor {shown}: the name {problem}; rename it (rename= / --map) or leave it out")
         if new in named:
             raise ValueError(f"two tensors would be named {new!r} ({named[new].info.name!r} and {t.info.name!r})")
         if 0 in t.info.shape:

@@ -5,6 +5,7 @@ See ``spec/orbax.md`` sections 1 and 2 for the rules implemented here.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import re
@@ -33,6 +34,7 @@ __all__ = [
     "dir_name",
     "store_dir_name",
     "parse_step_name",
+    "param_dir_problem",
     "step_metadata",
     "is_v1_checkpoint",
     "read_ahead",
@@ -45,6 +47,27 @@ STEP_METADATA = "_CHECKPOINT_METADATA"
 V1_INDICATOR = "orbax.checkpoint"
 #: Item names Orbax reserves that never hold user data worth restoring by default.
 RESERVED_ITEMS = frozenset({"descriptor"})
+#: Names an array cannot have in the per-parameter layout, where each array is a directory
+#: named after it next to these files and directories of the item (or of its step).
+RESERVED_PARAM_NAMES = frozenset({"_METADATA", "_sharding", "_strings.json", "manifest.ocdbt", "checkpoint",
+                                  COMMIT_MARKER, STEP_METADATA, "array_metadatas", "descriptor", ".ocdbt-cp",
+                                  V1_INDICATOR})
+
+
+def param_dir_problem(name: str) -> str | None:
+    """Why the array ``name`` (dot-joined param name) cannot be a directory of the
+    per-parameter layout (``None``: it can): a path separator, a control character (NUL...),
+    ``.``/``..``, or a name the layout itself uses (:data:`RESERVED_PARAM_NAMES`, temporary
+    directories, OCDBT process directories)."""
+    if not name or name in (".", ".."):
+        return "is not a directory name"
+    if "/" in name or "\\" in name:
+        return "contains a path separator"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        return "contains a control character (NUL, newline, ...)"
+    if name in RESERVED_PARAM_NAMES or name.startswith("ocdbt.process_") or TMP_SUFFIX in name:
+        return "is a name the checkpoint layout itself uses"
+    return None
 _STEP_NAME = re.compile(r"^(?:(?P<prefix>.*?)_)?(?P<step>[0-9]+)$")
 
 
@@ -189,11 +212,24 @@ def store_dir_name(kv: KvStore) -> str | None:
 
 
 def parse_step_name(name: str) -> int | None:
-    """The step number of a step directory name (``"12"``, ``"ckpt_000012"``), else ``None``."""
-    if TMP_SUFFIX in name:
+    """The step number of a step directory name in any of Orbax's formats (``"12"``,
+    ``"000012"``, ``"ckpt_12"``, ``"ckpt_000012"``), else ``None``.
+
+    The whole name must match (``"12\\n"`` is no step) and the digits are ASCII.  Not knowing
+    the root's format, this accepts every format; :func:`list_steps` settles a step number
+    that several names give by the format most of the root's steps use."""
+    if TMP_SUFFIX in name or not name.isascii():
         return None
-    m = _STEP_NAME.match(name)
+    m = _STEP_NAME.fullmatch(name)
     return int(m.group("step")) if m else None
+
+
+def _step_format(name: str) -> tuple[str, bool]:
+    """``(prefix, zero-padded)`` of a step name :func:`parse_step_name` accepts."""
+    m = _STEP_NAME.fullmatch(name)
+    assert m is not None
+    digits = m.group("step")
+    return m.group("prefix") or "", len(digits) > 1 and digits[0] == "0"
 
 
 def classify(kv: KvStore, prefix: str = "", listing: Listing | None = None) -> Kind:
@@ -264,7 +300,10 @@ def list_steps(kv: KvStore, *, warn: bool = True, listing: Listing | None = None
         s = parse_step_name(d)
         if s is not None:
             candidates.append((s, d))
-    candidates.sort()
+    # A step number several names give (``12``, ``0012``, ``x_12``) is the one named in the
+    # format most of the root's steps use (ties: the plain integer), never whichever sorts first.
+    formats = collections.Counter(_step_format(d) for _, d in candidates)
+    candidates.sort(key=lambda sd: (sd[0], -formats[_step_format(sd[1])], _step_format(sd[1]) != ("", False), sd[1]))
     marks = _markers(kv, [d for _, d in candidates]) if len(candidates) < 4096 else None
     if marks is None:  # very many steps: one listing instead of one request per step
         have = {k.split("/", 1)[0] for k in kv.list() if k.endswith("/" + COMMIT_MARKER) and k.count("/") == 1}

@@ -391,8 +391,11 @@ class CheckpointManager:
             raise FileNotFoundError(f"No step {step} in {self._native.root} (steps: {self.all_steps()})")
         return PrefixStore(self._native.kv, self._native.step_name_format.name(step))
 
-    def _available(self, location: Any) -> list[str]:
-        return [n for n in resolve(location).items() if n != METRIC_ITEM_NAME]
+    def _available(self, location: Any, step: int | None = None) -> list[str]:
+        names = [n for n in resolve(location).items() if n != METRIC_ITEM_NAME]
+        if not names and step is not None:  # emptied by a concurrent delete (or never finished)
+            raise NotFoundError(f"step {step} of {self._native.root} holds no items (deleted while being read?)")
+        return names
 
     def restore(self, step: int | None, items: Any = None, restore_kwargs: Any = None,
                 directory: Any = None, args: args_lib.CheckpointArgs | None = None) -> Any:
@@ -407,7 +410,7 @@ class CheckpointManager:
             if step is None:
                 raise FileNotFoundError(f"No steps found in {directory or self.directory}.")
         location = self._step_location(step, directory)
-        available = self._available(location)
+        available = self._available(location, step)
         if self._default is None:
             self._default = DEFAULT_ITEM_NAME in available and not isinstance(args, args_lib.Composite)
         _no_args_in_items(items)
@@ -426,8 +429,9 @@ class CheckpointManager:
                 self._root_metadata = read_root_metadata(self._native.kv)
             return self._root_metadata
         location = self._step_location(step, None)
+        available = self._available(location, step)
         if self._default is None:
-            self._default = DEFAULT_ITEM_NAME in self._available(location)
+            self._default = DEFAULT_ITEM_NAME in available
         meta = step_metadata(location, composite=True)
         if self._default:
             meta.item_metadata = meta.item_metadata[DEFAULT_ITEM_NAME]

@@ -23,11 +23,13 @@ from ocdbt_py.checkpoint.convert.arrays import ArrayJob, Stats, array_tasks, run
 from ocdbt_py.checkpoint.convert.encoding import Target, source_encoding, strategy, target_spec
 from ocdbt_py.checkpoint.convert.journal import Journal, decode_entries, encode_entries
 from ocdbt_py.checkpoint.jsonio import parse_json, read_bytes
+from ocdbt_py.checkpoint.layout import param_dir_problem
 from ocdbt_py.checkpoint.restore.item import PyTreeItem
 from ocdbt_py.checkpoint.saving import layout_writer
 from ocdbt_py.checkpoint.saving.dir_writer import DirWriter
 from ocdbt_py.checkpoint.saving.merge import collect_children, write_root
 from ocdbt_py.checkpoint.saving.process_writer import ProcessWriter
+from ocdbt_py.errors import UnsupportedError
 from ocdbt_py.format.data_file_table import IndirectDataReference
 from ocdbt_py.kvstore.base import KvStore
 
@@ -98,6 +100,12 @@ class ItemCopy:
         self.use_ocdbt = self.src_ocdbt if opts.use_ocdbt is None else opts.use_ocdbt
         self.all_params = sorted(_array_names(store.kv))
         self.params = [p for p in self.all_params if selected(p, opts.include, opts.exclude)]
+        if not self.use_ocdbt:  # each array becomes a directory named after it
+            for p in self.params:
+                problem = param_dir_problem(p)
+                if problem is not None:
+                    raise UnsupportedError(f"array {p!r} cannot be written in the per-parameter layout: its name "
+                                           f"{problem} (keep OCDBT, or leave it out with exclude=/--exclude)")
         metas = self.item.reader.metadata_many(self.params)
         write_shapes = {p: am.get("write_shape") for p, am in self.item.array_metadatas().items()}
         target = dataclasses.replace(opts.target, use_ocdbt=self.use_ocdbt)

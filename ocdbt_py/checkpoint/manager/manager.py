@@ -24,10 +24,12 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ocdbt_py.checkpoint.layout import COMMIT_MARKER
+from ocdbt_py.checkpoint.manager import rootlock
 from ocdbt_py.checkpoint.manager import save_policy as sp
 from ocdbt_py.checkpoint.manager.lifecycle import Lifecycle
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
@@ -169,11 +171,23 @@ class CheckpointManager(Lifecycle):
             raise ValueError(f"retention must be 'after_commit' or 'orbax', not {retention!r}")
         self._on_commit = on_commit
         orbax = retention == "orbax"
+        # one writing manager per local root across processes (RootInUseError otherwise)
+        hold = rootlock.acquire(self.kv) if not self.read_only and self.is_primary else None
+        self._root_hold = weakref.finalize(self, hold) if hold is not None else None
         self._steps = Tier("steps", self.kv, self.step_name_format, preservation, deletes=self.is_primary,
                            decide_at_start=orbax, keep_newest=not orbax, keep_deleted_in=todelete_subdir)
-        if cleanup and not self.read_only and self.is_primary:
-            cleanup_root(self.kv, self.step_name_format)
+        if not self.read_only and self.is_primary:
+            # steps whose deletion was interrupted are gone already: removed even without cleanup
+            cleanup_root(self.kv, self.step_name_format, only_deleted=not cleanup)
         self.reload()
+
+    def close(self) -> None:
+        """Wait for pending saves, then release the manager and its hold on the root."""
+        try:
+            super().close()
+        finally:
+            if self._root_hold is not None:
+                self._root_hold()
 
     # ---- queries --------------------------------------------------------------------------
 

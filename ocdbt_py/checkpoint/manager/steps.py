@@ -116,15 +116,23 @@ def writes_in_place(kv: KvStore) -> bool:
     return kv.local_path() is None
 
 
-def cleanup(kv: KvStore, fmt: StepNameFormat, keep: Sequence[str] = ()) -> list[str]:
+def cleanup(kv: KvStore, fmt: StepNameFormat, keep: Sequence[str] = (), *, only_deleted: bool = False) -> list[str]:
     """Remove what interrupted saves and deletions left under the root: temporary step
     directories, and (where directories cannot be renamed atomically, so a step's commit
     marker is its only commit point) step directories without a commit marker.
 
     Only names of ``fmt`` are touched; ``keep`` lists directory names left alone (saves in
-    flight).  Returns the names removed.
+    flight).  ``only_deleted``: remove only the ``*.orbax-checkpoint-tmp-deleting-*``
+    directories of interrupted deletions (steps already deleted), keeping interrupted saves
+    for inspection.  Returns the names removed.
     """
     dirs, _ = kv.list_dir("")
+    if only_deleted:
+        gone = [d for d in sorted(dirs) if _DELETING in d and fmt.parse(d.split(TMP_SUFFIX, 1)[0]) is not None
+                and d not in keep]
+        for d in gone:
+            _remove_dir(kv, d)
+        return gone
     names = committed(kv, fmt)
     done = set(names.values())
     # An unmarked step directory is an interrupted save where saves write in place, provided
