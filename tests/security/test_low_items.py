@@ -34,7 +34,6 @@ from ocdbt_py.bridges.fsspec_ocdbt import OcdbtFileSystem
 from ocdbt_py.bridges.safetensors_import import import_safetensors, list_source
 from ocdbt_py.checkpoint.layout import parse_step_name
 from ocdbt_py.checkpoint.manager import CheckpointManager
-from ocdbt_py.checkpoint.manager.rootlock import RootInUseError
 from ocdbt_py.errors import CorruptionError, NotFoundError, UnsupportedError
 from tests.security.childproc import run_child
 
@@ -72,7 +71,6 @@ def test_interrupted_deletions_are_removed(tmp_path: Path) -> None:
 _OTHER = """
 import sys
 from ocdbt_py.checkpoint.manager import CheckpointManager
-from ocdbt_py.checkpoint.manager.rootlock import RootInUseError
 try:
     CheckpointManager(sys.argv[1], async_save=False)
     print("OPENED")
@@ -147,8 +145,10 @@ def test_step_emptied_while_read_is_not_found(tmp_path: Path) -> None:
 # -- safetensors names ---------------------------------------------------------------------------
 
 def test_duplicate_tensor_names_are_refused(tmp_path: Path) -> None:
-    e = '{"dtype": "F32", "shape": [3], "data_offsets": [%d, %d]}'
-    header = '{"a": %s, "b": %s, "a": %s}' % (e % (0, 12), e % (12, 24), e % (24, 36))
+    def e(a: int) -> str:
+        return json.dumps({"dtype": "F32", "shape": [3], "data_offsets": [a, a + 12]})
+
+    header = f'{{"a": {e(0)}, "b": {e(12)}, "a": {e(24)}}}'
     f = _safetensors(tmp_path / "dup.safetensors", ["a", "b", "c"], raw_header=header)
     with pytest.raises(CorruptionError, match="names 'a' twice"):
         list_source(f)
