@@ -132,15 +132,24 @@ def test_blosc_trailing_bytes_are_ignored_like_zarr_python() -> None:
         codec.decode(_blosc_frame()[:-1], 1024, 1024)
 
 
-def test_blosc_frame_of_missing_compressor_names_it() -> None:
-    """A frame compressed with snappy (absent from the installed blosc) is a codec limit."""
+def test_blosc_frame_of_missing_compressor_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snappy frame (no Python blosc binding has snappy) without the [snappy] extra is a
+    codec limit naming what to install; with it, a frame relabelled snappy is corrupt."""
+    import sys
+
     frame = bytearray(_blosc_frame())
     frame[2] = (frame[2] & 0x1F) | (2 << 5)  # compressor format 2 = snappy
     codec = compressor_from_v2({"id": "blosc"}, 4)
     assert codec is not None
-    with pytest.raises(CodecUnavailableError) as ei:
-        codec.decode(bytes(frame), 1024, 1024)
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "cramjam", None)  # as if not installed
+        with pytest.raises(CodecUnavailableError) as ei:
+            codec.decode(bytes(frame), 1024, 1024)
     assert "snappy" in str(ei.value) and isinstance(ei.value, UnsupportedError)
+    assert "pip install 'ocdbt-py[snappy]'" in str(ei.value)
+    pytest.importorskip("cramjam")
+    with pytest.raises(CorruptionError):  # its lz4 streams are no snappy
+        codec.decode(bytes(frame), 1024, 1024)
 
 
 def test_vlen_decoding_is_bounded() -> None:

@@ -3,7 +3,12 @@
 Blosc is an optional extra (``pip install 'ocdbt-py[blosc]'``, which installs the ``blosc``
 package).  Metadata naming blosc parses without it; encoding or decoding raises
 :class:`~zarr3.errors.CodecUnavailableError`.  The blosc frame header states the decoded and
-compressed sizes; both are checked before decompressing.
+compressed sizes; both are checked before decompressing.  Two kinds of frame need no blosc
+library: frames stored raw (the MEMCPYED flag: blosc found the data incompressible), copied out
+whatever compressor they name; and snappy frames (which no Python blosc binding decodes),
+decoded block by block by :mod:`zarr3.codecs.blosc_frames` with cramjam's snappy (the
+``[snappy]`` extra; without it a :class:`~zarr3.errors.CodecUnavailableError` says
+``pip install 'ocdbt-py[snappy]'``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 
 from ocdbt_py.errors import CorruptionError
 from zarr3.codecs.base import Buffer, BytesBytesCodec, ChunkSpec, check_config, clamp, encoder_int
+from zarr3.codecs.blosc_frames import decode_frame, snappy_decoder
 from zarr3.errors import CodecUnavailableError, MetadataError
 
 __all__ = ["BloscCodec"]
@@ -49,6 +55,7 @@ def _blosc() -> Any:
 _MEMCPYED = 0x02
 # flags bits 5-7 of a blosc header: the compressor library of the frame
 _FORMATS = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
+_SNAPPY = 2
 
 
 def _check_compressor(blosc: Any, data: Buffer) -> None:
@@ -224,6 +231,9 @@ class BloscCodec(BytesBytesCodec):
             if cbytes != _HEADER + nbytes:
                 raise CorruptionError(f"raw blosc frame of {cbytes} bytes cannot hold the {nbytes} bytes declared")
             return bytes(memoryview(data)[_HEADER:cbytes])
+        if (memoryview(data)[2] >> 5) & 7 == _SNAPPY:
+            # no Python blosc binding builds snappy in: the frame's blocks are decoded here
+            return decode_frame(data, bound, snappy_decoder())
         blosc = _blosc()
         _check_compressor(blosc, data)
         try:
