@@ -1,9 +1,12 @@
-"""Restoring ``jax.Array`` leaves with the shardings they were saved with (internal).
+"""Restore targets as Orbax settles them: saved shardings, and the tree checked (internal).
 
-Orbax restores a leaf saved as a ``jax.Array`` without a target onto the sharding recorded
-in the item's ``_sharding`` file.  When JAX is loaded, this module builds that target from
-the native metadata: a ``jax.ShapeDtypeStruct`` per such leaf whose mesh devices all exist
-here, ``None`` (as stored: NumPy) for every other leaf.  Without JAX nothing changes.
+Orbax restores a leaf saved as a ``jax.Array`` onto the sharding recorded in the item's
+``_sharding`` file when the target says no sharding: without a target, and for a target leaf
+without one (a ``jax.ShapeDtypeStruct`` from ``jax.eval_shape``).  When the recorded devices
+do not all exist in this process it refuses (``TopologyMismatchError``, a ``ValueError`` as
+Orbax's).  A leaf saved from NumPy comes back as NumPy.  A target must name exactly the
+stored leaves (``TreeMismatchError``, a ``ValueError``), unless ``partial_restore`` allows it
+to name fewer.  Without JAX only the tree is checked.
 """
 
 from __future__ import annotations
@@ -16,9 +19,44 @@ import numpy as np
 
 from ocdbt_py.checkpoint.meta import LeafMetadata, metadata
 from ocdbt_py.checkpoint.pytree import flatten_with_names
+from ocdbt_py.errors import OcdbtError
 from ocdbt_py.kvstore.base import KvStore
 
-__all__ = ["saved_sharding_target", "sharding_from_description"]
+__all__ = ["saved_sharding_target", "sharding_from_description", "settled_target", "TopologyMismatchError",
+           "TreeMismatchError"]
+
+
+class TopologyMismatchError(OcdbtError, ValueError):
+    """The checkpoint recorded shardings over devices this process does not have, and the
+    restore target gives none to use instead (Orbax raises ``ValueError``)."""
+
+
+class TreeMismatchError(OcdbtError, ValueError):
+    """A restore target's tree does not name the checkpoint's leaves (Orbax raises
+    ``ValueError``)."""
+
+
+_TOPOLOGY = ("Topology mismatch: the checkpoint was saved with shardings over devices this process does not "
+             "have ({what}); give a target tree with the shardings to restore onto.")
+
+
+def _devices_missing(desc: Any) -> bool:
+    """Whether a ``_sharding`` entry names devices that do not exist here."""
+    import jax  # only called when JAX is loaded
+
+    if not isinstance(desc, dict):
+        return False
+    kind = desc.get("sharding_type")
+    if kind == "NamedSharding":
+        ids = {d.id for d in jax.devices()}
+        try:
+            wanted = [int(d["id"]) for d in np.array(desc["device_mesh"]["mesh"], dtype=object).ravel()]
+        except (KeyError, TypeError, ValueError):
+            return False
+        return any(i not in ids for i in wanted)
+    if kind == "SingleDeviceSharding":
+        return desc.get("device_str") not in {str(d) for d in jax.devices()}
+    return False
 
 
 def _spec_element(e: Any) -> Any:
@@ -64,12 +102,67 @@ def saved_sharding_target(location: str | os.PathLike[str] | KvStore, item: str 
     flat, rebuild = flatten_with_names(tree, is_leaf=lambda x: isinstance(x, LeafMetadata))
     values: list[Any] = []
     found = False
-    for _, leaf in flat:
+    for names, leaf in flat:
         target = None
         if isinstance(leaf, LeafMetadata) and leaf.value_type == "jax.Array" and leaf.shape is not None:
+            if _devices_missing(leaf.sharding):
+                raise TopologyMismatchError(_TOPOLOGY.format(what="/".join(names)))
             sharding = sharding_from_description(leaf.sharding)
             if sharding is not None:
                 target = jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=sharding)
                 found = True
         values.append(target)
     return rebuild(values) if found else None
+
+
+def _stored_leaves(location: str | os.PathLike[str] | KvStore, item: str | None) -> dict[tuple[str, ...], Any]:
+    tree = metadata(location, item=item)
+    flat, _ = flatten_with_names(tree, is_leaf=lambda x: isinstance(x, LeafMetadata))
+    return dict(flat)
+
+
+def settled_target(location: str | os.PathLike[str] | KvStore, item: str | None, target: Any, *,
+                   partial: bool = False, present: Any = None) -> Any:
+    """``target`` checked against the stored tree, its sharding-less ``jax.ShapeDtypeStruct``
+    leaves given the saved shardings (or ``None``, restore as stored, for leaves saved from
+    NumPy).  ``present(leaf)`` says which other target leaves stand for a stored leaf without
+    being restored (Orbax's ``PLACEHOLDER``)."""
+    stored = _stored_leaves(location, item)
+    flat, rebuild = flatten_with_names(target, is_leaf=present)
+    names = {n for n, _ in flat}
+    extra = [n for n in names if n not in stored]
+    if extra:
+        raise TreeMismatchError(f"the restore target names leaves the checkpoint does not have: "
+                                f"{sorted('/'.join(n) for n in extra)}")
+    missing = [n for n in stored if n not in names]
+    if missing and not partial:
+        raise TreeMismatchError(f"the restore target lacks leaves the checkpoint has: "
+                                f"{sorted('/'.join(n) for n in missing)}; pass partial_restore=True "
+                                "(PyTreeRestore) to restore only the leaves the target names")
+    if "jax" not in sys.modules:
+        return target
+    import jax  # loaded already (checked above)
+
+    values: list[Any] = []
+    changed = False
+    for n, leaf in flat:
+        if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None:
+            leaf = _with_saved_sharding(leaf, stored[n], n)
+            changed = True
+        values.append(leaf)
+    return rebuild(values) if changed else target
+
+
+def _with_saved_sharding(leaf: Any, meta: Any, names: tuple[str, ...]) -> Any:
+    """A sharding-less abstract leaf as Orbax restores it: on the saved sharding, or as stored."""
+    import jax  # only called when JAX is loaded
+
+    if not isinstance(meta, LeafMetadata) or meta.value_type != "jax.Array" or meta.sharding is None:
+        # saved from NumPy (or no sharding recorded): restored as NumPy, as Orbax does
+        return np.broadcast_to(np.zeros((), dtype=np.dtype(leaf.dtype)), tuple(leaf.shape))
+    if _devices_missing(meta.sharding):
+        raise TopologyMismatchError(_TOPOLOGY.format(what="/".join(names)))
+    sharding = sharding_from_description(meta.sharding)
+    if sharding is None:
+        return np.broadcast_to(np.zeros((), dtype=np.dtype(leaf.dtype)), tuple(leaf.shape))
+    return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=sharding)

@@ -38,9 +38,9 @@ from ocdbt_py.errors import UnsupportedError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.orbax import args as args_lib
-from ocdbt_py.orbax._convert import apply_save_args, put_placeholders, restore_target, strip_placeholders
+from ocdbt_py.orbax._convert import PLACEHOLDER, apply_save_args, put_placeholders, restore_target, strip_placeholders
 from ocdbt_py.orbax._foreign import refuse_orbax_object
-from ocdbt_py.orbax._saved_shardings import saved_sharding_target
+from ocdbt_py.orbax._saved_shardings import saved_sharding_target, settled_target
 from ocdbt_py.orbax.registry import (
     CheckpointHandlerRegistry,
     DefaultCheckpointHandlerRegistry,
@@ -283,6 +283,9 @@ class PyTreeCheckpointHandler(CheckpointHandler):
             target = args.item
         else:
             raise TypeError(f"{type(self).__name__} restores {self.restore_args.__name__}, not {type(args).__name__}")
+        if target is not None:  # as Orbax: the tree checked, abstract leaves without sharding on the saved ones
+            partial = bool(getattr(args, "partial_restore", False))
+            target = settled_target(location, item, target, partial=partial, present=lambda x: x is PLACEHOLDER)
         target, holes = strip_placeholders(target)
         return put_placeholders(restore(location, target, item=item), holes)
 
