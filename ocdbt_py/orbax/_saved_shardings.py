@@ -129,12 +129,18 @@ def settled_target(location: str | os.PathLike[str] | KvStore, item: str | None,
     being restored (Orbax's ``PLACEHOLDER``)."""
     stored = _stored_leaves(location, item)
     flat, rebuild = flatten_with_names(target, is_leaf=present)
-    names = {n for n, _ in flat}
+    names = {n for n, leaf in flat if present is None or not present(leaf)}
+    held = {n for n, leaf in flat if present is not None and present(leaf)}  # stand for a whole subtree
+
+    def under(n: tuple[str, ...], prefix: tuple[str, ...]) -> bool:
+        return n[:len(prefix)] == prefix
+
     extra = [n for n in names if n not in stored]
+    extra += [h for h in held if not any(under(n, h) for n in stored)]
     if extra:
         raise TreeMismatchError(f"the restore target names leaves the checkpoint does not have: "
                                 f"{sorted('/'.join(n) for n in extra)}")
-    missing = [n for n in stored if n not in names]
+    missing = [n for n in stored if n not in names and not any(under(n, h) for h in held)]
     if missing and not partial:
         raise TreeMismatchError(f"the restore target lacks leaves the checkpoint has: "
                                 f"{sorted('/'.join(n) for n in missing)}; pass partial_restore=True "
@@ -146,7 +152,7 @@ def settled_target(location: str | os.PathLike[str] | KvStore, item: str | None,
     values: list[Any] = []
     changed = False
     for n, leaf in flat:
-        if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None:
+        if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None and n in stored:
             leaf = _with_saved_sharding(leaf, stored[n], n)
             changed = True
         values.append(leaf)
