@@ -32,7 +32,7 @@ ORBAX = "orbax.checkpoint"
 SWAPPED: dict[str, str] = {
     "": "ocdbt_py.orbax",
     "args": "ocdbt_py.orbax.args",
-    "checkpoint_args": "ocdbt_py.orbax.args",
+    "checkpoint_args": "ocdbt_py.orbax.checkpoint_args",
     "checkpoint_manager": "ocdbt_py.orbax.checkpoint_manager",
     "abstract_checkpoint_manager": "ocdbt_py.orbax.checkpoint_manager",
     "checkpoint_managers": "ocdbt_py.orbax.checkpoint_managers",

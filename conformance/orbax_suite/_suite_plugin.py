@@ -32,6 +32,66 @@ def pytest_configure(config: Any) -> None:
     _start_distributed()
     if os.environ.get("OCDBT_SUITE_MODE") == "dropin":
         _dropin.install()
+        _watch_orbax()
+
+
+# Orbax's own save/restore machinery: a drop-in test that runs it (e.g. through
+# test_utils.PyTreeCheckpointHandler, a subclass of Orbax's handler) tests Orbax, not ocdbt_py
+_ORBAX_ENTRY_POINTS = [
+    ("orbax.checkpoint._src.handlers.base_pytree_checkpoint_handler", "BasePyTreeCheckpointHandler"),
+    ("orbax.checkpoint._src.handlers.pytree_checkpoint_handler", "PyTreeCheckpointHandler"),
+    ("orbax.checkpoint._src.handlers.standard_checkpoint_handler", "StandardCheckpointHandler"),
+    ("orbax.checkpoint._src.handlers.composite_checkpoint_handler", "CompositeCheckpointHandler"),
+    ("orbax.checkpoint._src.handlers.json_checkpoint_handler", "JsonCheckpointHandler"),
+    ("orbax.checkpoint._src.handlers.array_checkpoint_handler", "ArrayCheckpointHandler"),
+    ("orbax.checkpoint._src.checkpointers.checkpointer", "Checkpointer"),
+    ("orbax.checkpoint._src.checkpointers.async_checkpointer", "AsyncCheckpointer"),
+    ("orbax.checkpoint.checkpoint_manager", "CheckpointManager"),
+    ("orbax.checkpoint.experimental.emergency.checkpoint_manager", "CheckpointManager"),
+]
+_ORBAX_RAN: set[str] = set()
+
+
+def _watch_orbax() -> None:
+    """Wrap the save/restore methods of Orbax's handlers, checkpointers and managers so that a
+    test running them is recorded."""
+    import functools
+    import importlib
+
+    for mod_name, cls_name in _ORBAX_ENTRY_POINTS:
+        try:
+            cls = getattr(importlib.import_module(mod_name), cls_name)
+        except (ImportError, AttributeError):
+            continue
+        for meth in ("save", "async_save", "restore", "metadata"):
+            fn = cls.__dict__.get(meth)
+            if fn is None or not callable(fn):
+                continue
+            label = f"{mod_name}.{cls_name}.{meth}"
+
+            def wrap(fn: Any, label: str) -> Any:
+                if _is_coroutine(fn):
+                    @functools.wraps(fn)
+                    async def awrapped(*a: Any, **k: Any) -> Any:
+                        _ORBAX_RAN.add(label)
+                        return await fn(*a, **k)
+
+                    return awrapped
+
+                @functools.wraps(fn)
+                def wrapped(*a: Any, **k: Any) -> Any:
+                    _ORBAX_RAN.add(label)
+                    return fn(*a, **k)
+
+                return wrapped
+
+            setattr(cls, meth, wrap(fn, label))
+
+
+def _is_coroutine(fn: Any) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(fn)
 
 
 def _start_distributed() -> None:
@@ -50,6 +110,7 @@ def _start_distributed() -> None:
 def pytest_runtest_setup(item: Any) -> None:
     """Start recording the internals this test takes."""
     _dropin.INTERNALS_USED.clear()
+    _ORBAX_RAN.clear()
 
 
 def pytest_runtest_logreport(report: Any) -> None:
@@ -73,6 +134,7 @@ def pytest_runtest_logreport(report: Any) -> None:
         rec["outcome"] = "skipped"
     if report.when == "teardown":
         rec["uses"] = sorted(_dropin.INTERNALS_USED)
+        rec["orbax_ran"] = sorted(_ORBAX_RAN)
 
 
 def pytest_collectreport(report: Any) -> None:

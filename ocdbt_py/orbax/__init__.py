@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from ocdbt_py.orbax import (
     args,
+    checkpoint_args,
     checkpoint_manager,
     checkpoint_managers,
     checkpoint_utils,
     checkpointers,
     handlers,
+    logging,
     metadata,
     options,
     path,
@@ -59,11 +61,13 @@ PLACEHOLDER = ...
 
 __all__ = [
     "args",
+    "checkpoint_args",
     "checkpoint_manager",
     "checkpoint_managers",
     "checkpoint_utils",
     "checkpointers",
     "handlers",
+    "logging",
     "metadata",
     "options",
     "path",

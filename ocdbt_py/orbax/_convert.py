@@ -17,7 +17,8 @@ import numpy as np
 from ocdbt_py.checkpoint.pytree import dotted, flatten_with_names
 from ocdbt_py.orbax.type_handlers import ArrayRestoreArgs, RestoreArgs, SaveArgs
 
-__all__ = ["apply_save_args", "restore_target", "strip_placeholders", "put_placeholders", "PLACEHOLDER"]
+__all__ = ["apply_save_args", "restore_target", "apply_reshapes", "strip_placeholders", "put_placeholders",
+           "PLACEHOLDER"]
 
 #: Orbax's ``PLACEHOLDER``: a leaf of a restore target that is not restored (kept as ``...``).
 PLACEHOLDER = ...
@@ -58,7 +59,7 @@ def _stand_in(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 
 
 def _array_target(args: ArrayRestoreArgs, like: Any, stored: Callable[[tuple[str, ...]], Any],
-                  names: tuple[str, ...]) -> Any:
+                  names: tuple[str, ...], reshapes: dict[tuple[str, ...], Any] | None = None) -> Any:
     import jax  # ArrayRestoreArgs name JAX shardings: JAX is loaded already
 
     sharding = args.sharding
@@ -78,6 +79,17 @@ def _array_target(args: ArrayRestoreArgs, like: Any, stored: Callable[[tuple[str
         dtype = meta.dtype if dtype is None else dtype
     if sharding is None:
         raise ValueError(f"ArrayRestoreArgs for {dotted(names)!r} gives no sharding (or mesh and mesh_axes)")
+    try:
+        saved = tuple(stored(names).shape)
+    except (KeyError, IndexError, TypeError, AttributeError):
+        saved = tuple(shape)  # not stored: the native restore names the missing leaf
+    if saved != tuple(shape):
+        if args.strict:
+            raise ValueError(f"Requested shape {tuple(shape)} for {dotted(names)!r} is not compatible with the "
+                             f"stored shape {saved} (ArrayRestoreArgs(strict=False) pads or truncates)")
+        if reshapes is not None:  # restored on the host at the stored shape, then padded or truncated
+            reshapes[names] = (tuple(shape), sharding)
+            return _stand_in(saved, dtype)
     return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
 
 
@@ -102,14 +114,17 @@ def _is_jax(x: Any) -> bool:
     return isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
 
 
-def restore_target(item: Any, restore_args: Any, stored: Callable[[tuple[str, ...]], Any]) -> Any:
+def restore_target(item: Any, restore_args: Any, stored: Callable[[tuple[str, ...]], Any],
+                   reshapes: dict[tuple[str, ...], Any] | None = None) -> Any:
     """The native restore target for ``PyTreeRestore(item, restore_args)``.
 
     With both, ``item`` gives the structure (``restore_args`` may cover more leaves, as after
     ``construct_restore_args`` on the full tree) and each of its leaves takes the restore
     argument of the same path.  ``stored(names)`` gives the stored
     :class:`~ocdbt_py.checkpoint.LeafMetadata` of a leaf (asked only when neither argument says
-    its shape or dtype).  ``PLACEHOLDER`` (``...``) leaves stay ``...``.
+    its shape or dtype).  ``PLACEHOLDER`` (``...``) leaves stay ``...``.  A requested shape
+    other than the stored one is a ``ValueError``, or with ``ArrayRestoreArgs(strict=False)``
+    an entry of ``reshapes`` (see :func:`apply_reshapes`).
     """
     if restore_args is None:
         return item
@@ -129,7 +144,7 @@ def restore_target(item: Any, restore_args: Any, stored: Callable[[tuple[str, ..
         if like is PLACEHOLDER:
             values.append(PLACEHOLDER)
         elif isinstance(a, ArrayRestoreArgs):
-            values.append(_array_target(a, like, stored, names))
+            values.append(_array_target(a, like, stored, names, reshapes))
         elif isinstance(a, RestoreArgs):
             values.append(_plain_target(a, like, stored, names))
         else:
@@ -163,3 +178,24 @@ def put_placeholders(tree: Any, paths: list[tuple[Any, ...]]) -> Any:
             node = node[k]
         node[path[-1]] = PLACEHOLDER
     return tree
+
+
+def apply_reshapes(tree: Any, reshapes: dict[tuple[str, ...], Any]) -> Any:
+    """``tree`` with each leaf of ``reshapes`` (restored at its stored shape) zero-padded or
+    truncated to the requested shape and placed on its sharding (``strict=False``)."""
+    if not reshapes:
+        return tree
+    import jax  # reshapes come from ArrayRestoreArgs: JAX is loaded already
+
+    flat, rebuild = flatten_with_names(tree)
+    out = []
+    for names, value in flat:
+        if names in reshapes:
+            shape, sharding = reshapes[names]
+            host = np.asarray(value)
+            cut = host[tuple(slice(0, min(a, b)) for a, b in zip(host.shape, shape))]
+            padded = np.zeros(shape, dtype=host.dtype)
+            padded[tuple(slice(0, n) for n in cut.shape)] = cut
+            value = jax.device_put(padded, sharding)
+        out.append(value)
+    return rebuild(out)

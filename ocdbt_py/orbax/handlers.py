@@ -38,7 +38,14 @@ from ocdbt_py.errors import UnsupportedError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.orbax import args as args_lib
-from ocdbt_py.orbax._convert import PLACEHOLDER, apply_save_args, put_placeholders, restore_target, strip_placeholders
+from ocdbt_py.orbax._convert import (
+    PLACEHOLDER,
+    apply_reshapes,
+    apply_save_args,
+    put_placeholders,
+    restore_target,
+    strip_placeholders,
+)
 from ocdbt_py.orbax._foreign import refuse_orbax_object
 from ocdbt_py.orbax._saved_shardings import saved_sharding_target, settled_target
 from ocdbt_py.orbax.registry import (
@@ -260,6 +267,7 @@ class PyTreeCheckpointHandler(CheckpointHandler):
         if isinstance(args, args_lib.PyTreeRestore) and args.restore_args is None and _all_restore_args(args.item):
             # PyTreeRestore(tree of RestoreArgs) positionally: Orbax takes it as the restore arguments
             args = dataclasses.replace(args, item=None, restore_args=args.item)
+        reshapes: dict[tuple[str, ...], Any] = {}  # strict=False leaves restored at another shape
         if isinstance(args, args_lib.PyTreeRestore):
             if args.legacy_transform_fn is not None:
                 raise UnsupportedError("PyTreeRestore(legacy_transform_fn=...) is not supported; use transforms=")
@@ -278,7 +286,7 @@ class PyTreeCheckpointHandler(CheckpointHandler):
                     node = node[int(n)] if isinstance(node, (list, tuple)) else node[n]
                 return node
 
-            target = restore_target(args.item, args.restore_args, stored)
+            target = restore_target(args.item, args.restore_args, stored, reshapes)
         elif isinstance(args, args_lib.StandardRestore):
             target = args.item
         else:
@@ -287,7 +295,7 @@ class PyTreeCheckpointHandler(CheckpointHandler):
             partial = bool(getattr(args, "partial_restore", False))
             target = settled_target(location, item, target, partial=partial, present=lambda x: x is PLACEHOLDER)
         target, holes = strip_placeholders(target)
-        return put_placeholders(restore(location, target, item=item), holes)
+        return put_placeholders(apply_reshapes(restore(location, target, item=item), reshapes), holes)
 
 
 def _place(value: Any, a: Any) -> Any:

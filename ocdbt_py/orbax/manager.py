@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import os
 import pathlib
+import time
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
 
@@ -169,6 +170,7 @@ class CheckpointManager:
                 refuse_orbax_object(h, f"item_handlers[{name!r}]")
         elif item_handlers is not None:
             refuse_orbax_object(item_handlers, "item_handlers")
+        self._logger = logger
         self._options = o = options or CheckpointManagerOptions()
         fmt = self._name_format(o)
         if o.create and not o.read_only and isinstance(directory, (str, os.PathLike)):
@@ -358,9 +360,20 @@ class CheckpointManager:
             raise StepAlreadyExistsError(f"Checkpoint for step {step} already exists.")
         natives, opts = self._handler.to_native_items(cargs)
         write = metrics is not None and self._track_best and not self._options.prevent_write_metrics
+        started = time.time()
         self._native.save(step, natives, metrics=metrics, write_metrics=write, force=True,
                           custom_metadata=custom_metadata, save_options=opts)
+        self._log_entry({"step": step, "event_type": "save", "directory": str(self.directory),
+                         "synchronous": not self._options.enable_async_checkpointing,
+                         "reached_preemption": self.reached_preemption(step), "preemption_received_at": None,
+                         "checkpoint_manager_blocking_start_time": started,
+                         "checkpoint_manager_blocking_duration_secs": time.time() - started})
         return True
+
+    def _log_entry(self, entry: dict[str, Any]) -> None:
+        """One entry to the ``logger`` (Orbax's step statistics, the fields ocdbt_py knows)."""
+        if self._logger is not None:
+            self._logger.log_entry(entry)
 
     def wait_until_finished(self) -> None:
         """Block until the last save is committed and its deletions done; raise its error."""
@@ -420,6 +433,7 @@ class CheckpointManager:
         if cargs is None and self._default:
             cargs = args_lib.Composite(**{DEFAULT_ITEM_NAME: None})
         result = self._handler.restore_items(location, cargs, available)
+        self._log_entry({"step": step, "event_type": "restore", "directory": str(directory or self.directory)})
         return result[DEFAULT_ITEM_NAME] if self._default else result
 
     def metadata(self, step: int | None = None) -> StepMetadata | RootMetadata:

@@ -13,7 +13,8 @@ from typing import Any
 
 from ocdbt_py.errors import UnsupportedError
 
-__all__ = ["SaveArgs", "RestoreArgs", "ArrayRestoreArgs", "PLACEHOLDER"]
+__all__ = ["SaveArgs", "RestoreArgs", "ArrayRestoreArgs", "SingleReplicaArrayRestoreArgs", "SingleReplicaArrayHandler",
+           "register_type_handler", "PLACEHOLDER"]
 
 #: A restore-target leaf that is not restored (it stays ``...``).
 PLACEHOLDER = ...
@@ -61,3 +62,35 @@ class ArrayRestoreArgs(RestoreArgs):
             self.global_shape = self.shape
         elif self.global_shape is not None and self.shape is None:
             self.shape = self.global_shape
+
+
+@dataclasses.dataclass
+class SingleReplicaArrayRestoreArgs(ArrayRestoreArgs):
+    """Orbax's single-replica restore arguments (MaxText): restored as ``ArrayRestoreArgs``
+    with ``sharding`` -- ocdbt_py already reads only the chunks each process's devices need, so
+    there is no replica-0 read and broadcast to ask for."""
+
+    replica_axis_index: int | None = 0
+    primary_replica_id: int | None = 0
+    broadcast_memory_limit_bytes: int | None = None
+    broadcast_memory_scaling_factor: float | None = 0.75
+
+
+class SingleReplicaArrayHandler:
+    """Orbax's single-replica array type handler, accepted so that scripts registering it run
+    (see :class:`SingleReplicaArrayRestoreArgs`)."""
+
+    def __init__(self, replica_axis_index: int | None = 0, primary_replica_id: int | None = 0,
+                 broadcast_memory_limit_bytes: int | None = None, broadcast_memory_scaling_factor: float | None = 0.75,
+                 **ignored: Any):
+        self.replica_axis_index = replica_axis_index
+        self.primary_replica_id = primary_replica_id
+
+
+def register_type_handler(ty: Any, handler: Any, func: Any = None, override: bool = False) -> None:
+    """Accepted for Orbax's built-in handler kinds (``SingleReplicaArrayHandler``): ocdbt_py has
+    one fixed set of leaf types, so there is nothing to register.  Any other handler is an
+    ``UnsupportedError`` (its bytes would not be written)."""
+    if not isinstance(handler, SingleReplicaArrayHandler):
+        raise UnsupportedError(f"register_type_handler({ty!r}, {type(handler).__name__}): custom type handlers are "
+                               "not supported (ocdbt_py writes one fixed set of leaf types)")

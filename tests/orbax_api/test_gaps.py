@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 
+import ocdbt_py.errors as ocp_errors
 import ocdbt_py.orbax as ocp
 from ocdbt_py.orbax._foreign import ForeignOrbaxObjectError
 
@@ -177,3 +178,24 @@ def test_handler_registry_object(tmp_path) -> None:
         ocp.CheckpointManager(tmp_path / "x", item_handlers={"p": ocp.PyTreeCheckpointHandler()}).save(
             0, args=ocp.args.Composite(p=ocp.args.StandardSave({"a": 1})))
     mngr.close()
+
+
+def test_maxtext_names(tmp_path, caplog) -> None:
+    args = ocp.type_handlers.SingleReplicaArrayRestoreArgs(sharding="s", global_shape=(4,))
+    assert isinstance(args, ocp.ArrayRestoreArgs) and args.shape == (4,) and args.replica_axis_index == 0
+    ocp.type_handlers.register_type_handler(np.ndarray, ocp.type_handlers.SingleReplicaArrayHandler(), override=True)
+    with pytest.raises(ocp_errors.UnsupportedError):
+        ocp.type_handlers.register_type_handler(np.ndarray, object())
+    logger = ocp.logging.CloudLogger(options=ocp.logging.CloudLoggerOptions(job_name="run7"))
+    mngr = ocp.CheckpointManager(tmp_path, logger=ocp.logging.CompositeLogger(logger, ocp.logging.StandardLogger()),
+                                 options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False))
+    with caplog.at_level("INFO", logger="ocdbt_py.orbax"):
+        mngr.save(1, args=ocp.args.StandardSave({"a": np.arange(2)}))
+        mngr.restore(1)
+    assert any("[run7]" in r.getMessage() and "'event_type': 'save'" in r.getMessage() for r in caplog.records)
+    assert any("'event_type': 'restore'" in r.getMessage() for r in caplog.records)
+    mngr.close()
+    tmp = tmp_path / "5.orbax-checkpoint-tmp"
+    tmp.mkdir()
+    [found] = ocp.step.all_temporary_paths(tmp_path)
+    assert found.get() == tmp and found.get_final() == tmp_path / "5"

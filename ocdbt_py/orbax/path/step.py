@@ -26,7 +26,7 @@ from ocdbt_py.kvstore import open_kvstore
 __all__ = ["TMP_DIR_SUFFIX", "Metadata", "NameFormat", "standard_name_format", "build_step_path",
            "get_save_directory", "step_from_checkpoint_name", "checkpoint_steps", "checkpoint_steps_paths",
            "any_checkpoint_step", "latest_step_metadata", "find_step_path", "is_path_temporary",
-           "is_path_finalized", "all_temporary_paths", "native_format"]
+           "is_path_finalized", "all_temporary_paths", "TemporaryPath", "native_format"]
 
 TMP_DIR_SUFFIX = ".orbax-checkpoint-tmp"
 PathLike = str | os.PathLike[str]
@@ -223,13 +223,33 @@ def is_path_finalized(path: PathLike) -> bool:
     return kv.exists(COMMIT_MARKER) or kv.exists("_CHECKPOINT_METADATA")
 
 
-def all_temporary_paths(root_directory: PathLike, **ignored: Any) -> list[Any]:
+@dataclasses.dataclass(frozen=True)
+class TemporaryPath:
+    """An unfinished checkpoint directory: ``get()`` is its path, ``get_final()`` the path it
+    will have once committed (as Orbax's temporary-path objects)."""
+
+    path: Any
+
+    def get(self) -> Any:
+        """The temporary directory."""
+        return self.path
+
+    def get_final(self) -> Any:
+        """The directory it becomes when committed."""
+        name = os.path.basename(os.fspath(self.path)).split(TMP_DIR_SUFFIX, 1)[0]
+        return _join(os.path.dirname(os.fspath(self.path)), name)
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+
+def all_temporary_paths(root_directory: PathLike, **ignored: Any) -> list[TemporaryPath]:
     """The unfinished (temporary) checkpoint directories directly under ``root_directory``."""
     root = _path(root_directory)
     if not isinstance(root, pathlib.Path):
         kv = open_kvstore(os.fspath(root_directory), read_only=True)
         names = {k.split("/", 1)[0] for k in kv.list("")}
-        return [_join(root, n) for n in sorted(names) if TMP_DIR_SUFFIX in n]
+        return [TemporaryPath(_join(root, n)) for n in sorted(names) if TMP_DIR_SUFFIX in n]
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if TMP_DIR_SUFFIX in p.name)
+    return [TemporaryPath(p) for p in sorted(root.iterdir()) if TMP_DIR_SUFFIX in p.name]
