@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 __all__ = ["AbstractLogger", "StandardLogger", "CloudLogger", "CloudLoggerOptions", "CompositeLogger"]
 
-_log = _pylogging.getLogger("ocdbt_py.orbax")
+_log = _pylogging.getLogger(__name__)
 
 
 class AbstractLogger(Protocol):
