@@ -1,7 +1,8 @@
 """Checkpoint restore through the obstore backend (issue 29): ours vs TensorStore's ``s3``
 driver on the same moto server in the same run, credentials from a named profile in a shared
-credentials file, with the plain concurrent range-GET floor beside them; azurite (ours through
-obstore vs ours through adlfs, and the floor) where Node.js is there.
+credentials file, with the plain concurrent range-GET floor and ours through s3fs (the fsspec
+route, for users without obstore) beside them; azurite (ours through obstore vs ours through
+adlfs, and the floor) where Node.js is there.
 
 Usage::
 
@@ -83,8 +84,12 @@ def run_ts(case: str, endpoint: str, names_file: str) -> dict[str, Any]:
     ctx = ts.Context({"file_io_concurrency": {"limit": 128}, "cache_pool#ocdbt": {"total_bytes_limit": 100_000_000}})
     from tests.objectstores.servers import S3_REGION
 
-    # credentials: TensorStore's own chain, which reads AWS_PROFILE and the shared credentials file
-    base = {"driver": "s3", "bucket": BUCKET, "path": f"{case}/", "endpoint": endpoint, "aws_region": S3_REGION}
+    # credentials: the same named profile (TensorStore 0.1.86's profile provider needs both file
+    # paths spelled out: it fails to resolve them from AWS_SHARED_CREDENTIALS_FILE/AWS_CONFIG_FILE)
+    profile = {"type": "profile", "profile": PROFILE, "credentials_file": os.environ["AWS_SHARED_CREDENTIALS_FILE"],
+               "config_file": os.environ["AWS_CONFIG_FILE"]}
+    base = {"driver": "s3", "bucket": BUCKET, "path": f"{case}/", "endpoint": endpoint, "aws_region": S3_REGION,
+            "aws_credentials": profile}
     kv = {"driver": "ocdbt", "base": base, "cache_pool": "cache_pool#ocdbt",
           "experimental_read_coalescing_threshold_bytes": 1000000,
           "experimental_read_coalescing_merged_bytes": 500000000000,
@@ -188,22 +193,23 @@ def bench_s3(root: Path, cases: list[str], repeat: int) -> list[dict[str, Any]]:
             names_file = tmp / f"{case}.names.json"
             names_file.write_text(json.dumps(_names(root / case)))
             files = json.dumps(_data_files(kv))
-            runs: dict[str, list[dict[str, Any]]] = {"ours": [], "ts": [], "floor": []}
+            runs: dict[str, list[dict[str, Any]]] = {"ours": [], "ts": [], "floor": [], "fsspec": []}
             for i in range(repeat):
-                order = ("ours", "ts", "floor") if i % 2 == 0 else ("ts", "ours", "floor")
+                order = ("ours", "ts", "floor", "fsspec") if i % 2 == 0 else ("ts", "ours", "fsspec", "floor")
                 for side in order:
                     argv = {"ours": ["ours", url, "obstore"], "ts": ["ts", case, srv.endpoint, str(names_file)],
-                            "floor": ["floor", url, files]}[side]
-                    res = _call(argv, env)
+                            "floor": ["floor", url, files], "fsspec": ["ours", url, "fsspec"]}[side]
+                    res = _call(argv, dict(env, OCDBT_PY_BACKEND="fsspec") if side == "fsspec" else env)
                     runs[side].append(res)
                     print(f"[s3 {case}] {side}: {res['seconds']:.3f} s {res.get('store', '')}", file=sys.stderr)
             assert all(r["store"] == "ObstoreStore" for r in runs["ours"]), runs["ours"]
+            assert all(r["store"] == "S3Store" for r in runs["fsspec"]), runs["fsspec"]
             pairs = [o["seconds"] / t["seconds"] for o, t in zip(runs["ours"], runs["ts"])]
             rows.append({"service": "S3 (moto)", "case": case, "ours_s": _best(runs["ours"]),
                          "peer": "TensorStore s3", "peer_s": _best(runs["ts"]), "floor_s": _best(runs["floor"]),
                          "ratio": _best(runs["ours"]) / _best(runs["ts"]),
                          "median_pair_ratio": statistics.median(pairs),
-                         "bytes": runs["ours"][0]["bytes"]})
+                         "fsspec_s": _best(runs["fsspec"]), "bytes": runs["ours"][0]["bytes"]})
     finally:
         srv.stop()
     return rows
@@ -266,11 +272,12 @@ def main() -> None:
         rows += bench_s3(root, cases, args.repeat)
     if "azure" in args.services:
         rows += bench_azure(root, cases, args.repeat)
-    print("| service | case | ours (obstore) | peer | peer time | ours/peer | floor | ours/floor |")
-    print("|---|---|---:|---|---:|---:|---:|---:|")
+    print("| service | case | ours (obstore) | peer | peer time | ours/peer | floor | ours/floor | ours via fsspec |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
+        fs = f"{r['fsspec_s']:.3f} s" if "fsspec_s" in r else "—"
         print(f"| {r['service']} | {r['case']} | {r['ours_s']:.3f} s | {r['peer']} | {r['peer_s']:.3f} s "
-              f"| {r['ratio']:.2f}x | {r['floor_s']:.3f} s | {r['ours_s'] / r['floor_s']:.2f}x |")
+              f"| {r['ratio']:.2f}x | {r['floor_s']:.3f} s | {r['ours_s'] / r['floor_s']:.2f}x | {fs} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

@@ -40,8 +40,15 @@ def _store(srv: servers.S3Server, name: str, **opts: Any) -> Any:
     return open_kvstore(f"s3://{BUCKET}/{name}", dict(srv.storage_options(), **opts))
 
 
-def test_read_into_semantics(bucket: servers.S3Server, s3_mode: str) -> None:
+@pytest.mark.parametrize("part_bytes", [8 << 20, 700])
+def test_read_into_semantics(bucket: servers.S3Server, s3_mode: str, part_bytes: int,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """(obstore: also with every read split into concurrent parts of 700 bytes)"""
     store = _store(bucket, f"ri{next(_n)}")
+    if s3_mode == "obstore":
+        monkeypatch.setattr(store, "part_bytes", part_bytes)
+    elif part_bytes != 8 << 20:
+        pytest.skip("obstore's parts")
     store.set("blob", BLOB)
     store.set("empty", b"")
     bufs = [memoryview(bytearray(n)) for n in (1000, 5000, 100, 10, 10)]
