@@ -12,7 +12,9 @@ through it, at any URL ``ocdbt_py.open`` takes::
   worker) moves to the latest.  ``version=`` (a generation number or an ISO-8601 time) reads
   an older commit and makes the store read-only.  Byte-range requests (``RangeByteRequest``,
   ``OffsetByteRequest``, ``SuffixByteRequest``) read only the bytes asked for;
-  ``get_partial_values`` is one B+tree traversal and one batch of coalesced reads.
+  ``get_partial_values`` is one B+tree traversal and one batch of coalesced reads, and so are
+  the ``get`` calls made in one turn of the event loop (zarr-python starts a batch of chunk
+  reads together): they go to one thread as one ``get_many``.
 * **Writes** are commits.  Writes that arrive while a commit is running (zarr-python writes
   chunks concurrently) are grouped into the next commit, so a burst of ``set`` calls makes a few
   generations, not one per chunk; ``_set_many`` and ``delete_dir`` are one commit each.  A
@@ -110,14 +112,19 @@ class _GroupCommit:
         self._queue: list[tuple[Callable[[Any], None], concurrent.futures.Future[int]]] = []
         self._running = False
 
-    def submit(self, op: Callable[[Any], None]) -> concurrent.futures.Future[int]:
-        """Queue ``op(transaction)`` for the next commit."""
+    def submit(self, op: Callable[[Any], None], *, inline: bool = False) -> concurrent.futures.Future[int]:
+        """Queue ``op(transaction)`` for the next commit.  When no commit is running, one
+        starts: on the calling thread with ``inline`` (a blocking caller: the future is done on
+        return, and no pool thread is waited for), else on the ``io`` pool."""
         fut: concurrent.futures.Future[int] = concurrent.futures.Future()
         with self._lock:
             self._queue.append((op, fut))
             if self._running:
                 return fut
             self._running = True
+        if inline:
+            self._drain()
+            return fut
         try:
             pools.shared("io").submit(self._drain)
         except BaseException:
@@ -176,6 +183,9 @@ class OcdbtZarrStore(Store):
         self._empty = False
         self._open_lock = threading.Lock()
         self._committer: _GroupCommit | None = None
+        #: ``get`` calls waiting for the end of their event-loop turn, per loop (see _flush_reads)
+        self._pending: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        self._batches: set[asyncio.Task[None]] = set()  # running batches (kept referenced)
 
     # -- identity ----------------------------------------------------------------------------
     def __eq__(self, other: object) -> bool:
@@ -286,8 +296,44 @@ class OcdbtZarrStore(Store):
         if not self._is_open:
             await self._open()
         rng = _to_range(byte_range)
-        data = await _run(self._read, key, rng)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bytes | None] = loop.create_future()
+        pending = self._pending.get(loop)
+        if pending is None:
+            pending = self._pending[loop] = []
+            loop.call_soon(self._flush_reads, loop)
+        pending.append((key, rng, fut))
+        data = await fut
         return self._buffer(prototype, data, _suffix_zero(byte_range))
+
+    def _flush_reads(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Send the ``get`` calls made in one turn of the event loop (zarr-python starts a
+        chunk's reads together) to one thread as one ``get_many``: one B+tree traversal, one
+        batch of coalesced reads, one thread hop instead of one per chunk."""
+        batch = self._pending.pop(loop, [])
+        if batch:
+            self._batches.add(loop.create_task(self._read_batch(batch)))
+
+    async def _read_batch(self, batch: list[tuple[str, _Range | None, asyncio.Future[bytes | None]]]) -> None:
+        try:
+            if len(batch) == 1:
+                datas = [await _run(self._read, batch[0][0], batch[0][1])]
+            else:
+                datas = await _run(self._read_many, [(k, r) for k, r, _ in batch])
+        except BaseException as e:  # every read of the batch learns why
+            for _, _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+        else:
+            for (_, _, fut), d in zip(batch, datas):
+                if not fut.done():
+                    fut.set_result(d)
+        finally:
+            task = asyncio.current_task()
+            if task is not None:
+                self._batches.discard(task)
 
     def get_sync(
         self, key: str, *, prototype: BufferPrototype | None = None, byte_range: ByteRequest | None = None
@@ -353,9 +399,9 @@ class OcdbtZarrStore(Store):
                 c = self._committer
         return c
 
-    def _submit(self, op: Callable[[Any], None]) -> concurrent.futures.Future[int]:
+    def _submit(self, op: Callable[[Any], None], *, inline: bool = False) -> concurrent.futures.Future[int]:
         self._check_writable()
-        return self._writes().submit(op)
+        return self._writes().submit(op, inline=inline)
 
     async def set(self, key: str, value: Buffer) -> None:
         """Set ``key`` to ``value`` (committed, durable, when this returns)."""
@@ -372,7 +418,7 @@ class OcdbtZarrStore(Store):
         """:meth:`set` without an event loop."""
         data = value.to_bytes()
         k = _enc(key)
-        self._submit(lambda t: t.put(k, data)).result()
+        self._submit(lambda t: t.put(k, data), inline=True).result()
 
     async def set_if_not_exists(self, key: str, value: Buffer) -> None:
         """Set ``key`` unless it exists, atomically (a conditional commit)."""
@@ -409,7 +455,7 @@ class OcdbtZarrStore(Store):
     def delete_sync(self, key: str) -> None:
         """:meth:`delete` without an event loop."""
         k = _enc(key)
-        self._submit(lambda t: t.delete(k)).result()
+        self._submit(lambda t: t.delete(k), inline=True).result()
 
     async def delete_dir(self, prefix: str) -> None:
         """Delete every key below ``prefix`` in one commit (a range deletion)."""
