@@ -1,5 +1,6 @@
 """Run the parity scripts with ``orbax.checkpoint`` and with ``ocdbt_py.orbax`` on N host CPU
-devices.  Usage: ``python _parity_worker.py N WORKDIR REPORT.json write|read [NAMES...]``.
+devices.  Usage: ``python _parity_worker.py N WORKDIR REPORT.json write|read MODULE [NAMES...]``
+(``MODULE``: ``_parity_scripts`` or ``_realcode_scripts``, which list their ``SCRIPTS``).
 
 ``write`` runs each script's write then read with both libraries and crosses the reads (each
 library reads what the other wrote); ``read`` runs only the reads (e.g. with fewer devices
@@ -24,7 +25,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 
-import _parity_scripts as S  # noqa: E402
+import importlib  # noqa: E402
+
 import orbax.checkpoint as real  # noqa: E402
 
 import ocdbt_py.orbax as ours  # noqa: E402
@@ -39,7 +41,7 @@ def _call(fn: Any, *a: Any) -> Any:
         return {"script_error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
 
 
-def run(name: str, work: Path, phase: str) -> dict[str, Any]:
+def run(S: Any, name: str, work: Path, phase: str) -> dict[str, Any]:
     write = getattr(S, f"{name}_write")
     read = getattr(S, f"{name}_read")
     a, b = str(work / name / "orbax"), str(work / name / "ours")
@@ -58,8 +60,9 @@ def run(name: str, work: Path, phase: str) -> dict[str, Any]:
 
 def main() -> None:
     work, report, phase = Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
-    names = sys.argv[5:] or S.SCRIPTS
-    report.write_text(json.dumps({n: run(n, work, phase) for n in names}, default=str))
+    S = importlib.import_module(sys.argv[5])
+    names = sys.argv[6:] or S.SCRIPTS
+    report.write_text(json.dumps({n: run(S, n, work, phase) for n in names}, default=str))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,11 @@ wrote the same way.
   ``preservation_policy._log_preservation_decision``;
 * ``emergency_persistent``: the emergency manager's persistent tier, every 4 steps over 1..6,
   keeps ``[1, 4]``.
+
+The same machinery runs the checkpointing parts of real training code (``_realcode_scripts``:
+MaxText's checkpointing module, Flax's examples, Orbax's guides), with only the import
+changed: same steps saved and kept, same values and shardings, each library restoring the
+other's output.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import _parity_scripts as S  # noqa: E402
+import _realcode_scripts as R  # noqa: E402
 
 pytestmark = [pytest.mark.orbax, pytest.mark.timeout(900)]
 
@@ -40,13 +46,13 @@ def _have_oracle() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("jax", "orbax.checkpoint", "tensorstore"))
 
 
-def _worker(devices: int, work: Path, report: Path, phase: str, *names: str) -> dict[str, Any]:
+def _worker(devices: int, work: Path, report: Path, phase: str, module: str, *names: str) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["JAX_PLATFORMS"] = "cpu"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     proc = subprocess.run([sys.executable, str(HERE / "_parity_worker.py"), str(devices), str(work), str(report),
-                           phase, *names], env=env, capture_output=True, text=True, timeout=850)
+                           phase, module, *names], env=env, capture_output=True, text=True, timeout=850)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(report.read_text())  # type: ignore[no-any-return]
 
@@ -56,8 +62,8 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if not _have_oracle():
         pytest.skip("needs jax, orbax-checkpoint and tensorstore")
     work = tmp_path_factory.mktemp("parity")
-    out = _worker(8, work, work / "report8.json", "write")
-    fewer = _worker(4, work, work / "report4.json", "read", *S.FEWER_DEVICES)
+    out = _worker(8, work, work / "report8.json", "write", "_parity_scripts")
+    fewer = _worker(4, work, work / "report4.json", "read", "_parity_scripts", *S.FEWER_DEVICES)
     for name, r in fewer.items():
         out[f"{name}@4"] = r
     return out
@@ -90,3 +96,16 @@ def test_rows_say_what_the_issue_says(report: dict[str, Any]) -> None:
         assert report["partial_target"]["ours"][case]["ValueError"] is True, case
     assert report["custom_policy_log"]["ours_write"]["kept"][-1] == [0, 2, 4, 5]
     assert report["emergency_persistent"]["ours_write"]["persistent_dirs"] == [1, 4]
+
+
+@pytest.fixture(scope="module")
+def realcode(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if not _have_oracle() or importlib.util.find_spec("flax") is None or importlib.util.find_spec("optax") is None:
+        pytest.skip("needs jax, orbax-checkpoint, tensorstore, flax and optax")
+    work = tmp_path_factory.mktemp("realcode")
+    return _worker(8, work, work / "realcode.json", "write", "_realcode_scripts")
+
+
+@pytest.mark.parametrize("name", R.SCRIPTS)
+def test_real_code_runs_the_same(realcode: dict[str, Any], name: str) -> None:
+    test_same_observations(realcode, name)
