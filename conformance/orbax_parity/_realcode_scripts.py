@@ -14,6 +14,9 @@ does on restart; the worker crosses the reads (each library reads the other's di
   (``PyTreeSave(save_args=SaveArgs(chunk_byte_size), ocdbt_target_data_file_size)`` in
   ``Composite(items=...)`` with ``custom_metadata``) and ``load_state_if_possible``
   (``PyTreeRestore(item, restore_args=ArrayRestoreArgs(sharding), partial_restore=True)``).
+* ``maxtext_single_replica``: ``load_state_if_possible(enable_single_replica_ckpt_restoring=True)``
+  (``register_type_handler(jax.Array, SingleReplicaArrayHandler(...), override=True)`` and
+  ``SingleReplicaArrayRestoreArgs``).
 * ``maxtext_params``: ``save_params_to_path`` (``PyTreeCheckpointer(use_ocdbt, use_zarr3)``)
   and ``load_params_from_path`` (``construct_restore_args``, ``restore(item=, transforms={},
   restore_args=)``).
@@ -44,7 +47,7 @@ import numpy as np
 
 SCRIPTS = ["maxtext_fixed", "maxtext_autocheckpoint", "maxtext_continuous", "maxtext_params",
            "maxtext_emergency", "flax_gemma", "flax_nnx_toy", "flax_imagenet", "orbax_guide_pytrees",
-           "orbax_guide_manager"]
+           "orbax_guide_manager", "maxtext_single_replica"]  # last: it registers a type handler for jax.Array
 
 CHUNK = 1 << 20  # MaxText's checkpoint_storage_target_data_file_size_bytes, shrunk
 
@@ -76,8 +79,9 @@ def _mesh() -> Any:
     return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
 
 
-def _train_state(step: int) -> Any:
-    """A tiny flax TrainState (params + adam state), sharded on a 2x4 mesh as MaxText shards."""
+def _train_state(step: int, data_parallel: bool = False) -> Any:
+    """A tiny flax TrainState (params + adam state), sharded on a 2x4 mesh as MaxText shards
+    (``data_parallel``: replicated along ``data``, as single-replica restores need)."""
     import jax
     import optax
     from flax.training import train_state
@@ -92,7 +96,7 @@ def _train_state(step: int) -> Any:
 
     def put(x: Any) -> Any:
         x = np.asarray(x)
-        spec = P("data", "model") if x.ndim == 2 else P()
+        spec = (P(None, "model") if data_parallel else P("data", "model")) if x.ndim == 2 else P()
         return jax.device_put(x, NamedSharding(mesh, spec))
 
     return jax.tree.map(put, state)
@@ -148,11 +152,11 @@ def _maxtext_load(ocp: Any, mngr: Any) -> Any:
     return {"step": step, "state": describe(restored["items"])}
 
 
-def _maxtext_loop(ocp: Any, root: str, policy: str) -> Any:
+def _maxtext_loop(ocp: Any, root: str, policy: str, data_parallel: bool = False) -> Any:
     mngr = _maxtext_manager(ocp, f"{root}/ckpt", policy)
     saved, kept = [], []
     for step in range(7):
-        saved.append(_maxtext_save(ocp, mngr, step, _train_state(step)))
+        saved.append(_maxtext_save(ocp, mngr, step, _train_state(step, data_parallel)))
         if policy == "continuous":
             mngr.wait_until_finished()  # the deterministic form: each save committed before the next step
         kept.append(list(mngr.all_steps()))
@@ -192,6 +196,35 @@ def maxtext_continuous_write(ocp: Any, root: str) -> Any:
 
 def maxtext_continuous_read(ocp: Any, root: str) -> Any:
     return _maxtext_read(ocp, root, "continuous")
+
+
+def maxtext_single_replica_write(ocp: Any, root: str) -> Any:
+    return _maxtext_loop(ocp, root, "fixed", data_parallel=True)
+
+
+def maxtext_single_replica_read(ocp: Any, root: str) -> Any:
+    import jax
+
+    mngr = _maxtext_manager(ocp, f"{root}/ckpt", "fixed")
+    step = mngr.latest_step()
+    target = _abstract(_train_state(0, data_parallel=True))
+
+    def map_to_pspec(data: Any) -> Any:
+        pspec, mesh = data.sharding.spec, data.sharding.mesh
+        replica_mesh = jax.sharding.Mesh(mesh.devices[0:1], mesh.axis_names)  # replica 0 along axis 0
+        return ocp.type_handlers.SingleReplicaArrayRestoreArgs(
+            sharding=jax.sharding.NamedSharding(mesh, pspec),
+            single_replica_sharding=jax.sharding.NamedSharding(replica_mesh, pspec),
+            global_shape=data.shape, dtype=data.dtype)
+
+    array_handler = ocp.type_handlers.SingleReplicaArrayHandler(replica_axis_index=0,
+                                                                broadcast_memory_limit_bytes=1024 * 1024 * 1000)
+    ocp.type_handlers.register_type_handler(jax.Array, array_handler, override=True)
+    args = ocp.args.PyTreeRestore(item=target, restore_args=jax.tree_util.tree_map(map_to_pspec, target),
+                                  partial_restore=True)
+    restored = mngr.restore(step, args=ocp.args.Composite(items=args))
+    mngr.close()
+    return {"step": step, "state": describe(restored["items"])}
 
 
 def maxtext_params_write(ocp: Any, root: str) -> Any:
