@@ -490,7 +490,7 @@ def _open_fast(root: str, key: str, flags: int) -> int | None:
 
 
 def open_beneath(root: str, key: str, flags: int = os.O_RDONLY, *, url: str | None = None,
-                 validated: bool = False) -> int:
+                 validated: bool = False, follow_inner: bool = True) -> int:
     """Open the file ``key`` (a ``/``-separated relative key, checked unless ``validated``)
     below ``root``; raises like :func:`open_dir_beneath`.
 
@@ -498,8 +498,9 @@ def open_beneath(root: str, key: str, flags: int = os.O_RDONLY, *, url: str | No
     ``openat2(RESOLVE_BENEATH)`` does: links that stay below ``root`` are followed, one that
     leads out (absolute, or climbing above ``root``) raises :class:`StorageError`.  On Linux one
     ``openat2(RESOLVE_NO_SYMLINKS)`` call answers when the path holds no link; otherwise the
-    path is walked component by component (:func:`_resolve_beneath`).  To write, no link is
-    followed at all: the directories are walked with ``O_NOFOLLOW``."""
+    path is walked component by component (:func:`_resolve_beneath`).  To write (or with
+    ``follow_inner=False``: a writer reopening its own files), no link is followed at all: the
+    directories are walked with ``O_NOFOLLOW``."""
     if not validated:
         validate_key(key)
     if not flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR):
@@ -508,7 +509,8 @@ def open_beneath(root: str, key: str, flags: int = os.O_RDONLY, *, url: str | No
             if not flags & _PATH or not stat.S_ISLNK(os.fstat(fd).st_mode):
                 return fd
             os.close(fd)  # O_PATH | O_NOFOLLOW opened a link itself: resolve it below
-        return _resolve_beneath(root, key, flags, url or "file://" + root)
+        if follow_inner:
+            return _resolve_beneath(root, key, flags, url or "file://" + root)
     parts = key.split("/")
     url = url or "file://" + root
     dfd = open_dir_beneath(root, parts[:-1], url=url)

@@ -109,7 +109,7 @@ class DeferredSyncStore(LocalStore):
                 elif flags & _DIR:
                     fd = open_dir_beneath(anchor, key.split("/"), url=self.url)
                 else:
-                    fd = open_beneath(anchor, key, flags, url=self.url, validated=True)
+                    fd = open_beneath(anchor, key, flags, url=self.url, validated=True, follow_inner=False)
             except OSError as e:
                 errors.append(e)
                 return

@@ -141,6 +141,18 @@ def test_deferred_sync_refuses_file_swapped_for_link(tmp_path: Path, outside: Pa
     _untouched(outside)
 
 
+def test_deferred_sync_follows_no_link_even_inside(tmp_path: Path) -> None:
+    """Reads follow links that stay inside the root; a writer reopening its own files to sync
+    them does not (the link is refused, as with any write)."""
+    kv = DeferredSyncStore(tmp_path / "t")
+    kv.set("a/x", b"1")
+    kv.set("a/y", b"2")
+    os.unlink(tmp_path / "t" / "a" / "x")
+    (tmp_path / "t" / "a" / "x").symlink_to("y")
+    with pytest.raises(StorageError, match="symbolic link"):
+        kv.sync_all()
+
+
 @pytest.mark.parametrize("use_ocdbt", [True, False])
 def test_save_into_temp_dir_with_planted_link(tmp_path: Path, outside: Path, use_ocdbt: bool,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
