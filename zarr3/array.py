@@ -52,6 +52,7 @@ from zarr3.fill_value import default_fill_value, normalize_fill_value
 from zarr3.indexing import ChunkDimSel, Selection, dim_chunks, normalize_selection
 from zarr3.metadata_v2 import ArrayMetadataV2, GroupMetadataV2, parse_zarray, parse_zattrs
 from zarr3.metadata_v3 import ArrayMetadataV3, GroupMetadataV3, parse_zarr_json
+from zarr3.stored import first_missing, grid_shape, stored_chunks, use_listing
 
 __all__ = ["Array", "open", "create", "resolve_store", "load_metadata", "ArrayMetadata"]
 
@@ -380,6 +381,22 @@ class Array:
                 f"chunk {key!r} of {self._store.url} is missing (fill_missing=False)",
             )
 
+    def _stored_in(self, per_dim: list[list[ChunkDimSel]], dest: np.ndarray, fill: Any
+                   ) -> list[tuple[ChunkDimSel, ...]]:
+        """The pieces of a large selection whose chunks are stored (from one listing, see
+        :mod:`zarr3.stored`); the rest of ``dest`` gets the fill value at once, or the first
+        missing chunk is :class:`ChunkNotFoundError` when missing chunks are not allowed."""
+        meta = self._meta
+        index = [{p.chunk: p for p in pieces} for pieces in per_dim]
+        found = [c for c in stored_chunks(self._store, meta) if all(i in ix for i, ix in zip(c, index))]
+        if len(found) < math.prod(len(p) for p in per_dim):
+            if not self.fill_missing:
+                gap = first_missing([sorted(ix) for ix in index], found)
+                assert gap is not None
+                self._missing(meta.chunk_key(gap))
+            _fill_region(dest, fill)
+        return [tuple(ix[i] for i, ix in zip(c, index)) for c in found]
+
     def _read_into(self, sel: Selection, dest: np.ndarray) -> None:
         meta = self._meta
         if self._shard is not None:
@@ -389,9 +406,13 @@ class Array:
         fill = self._fill_for_missing()
         per_dim = [dim_chunks(d, c, n) for d, c, n in zip(sel.dims, meta.chunk_shape, meta.shape)]
         scratch = _Scratch(chain.spec.nbytes)
+        selected = math.prod(len(p) for p in per_dim)
+        big = use_listing(selected, math.prod(grid_shape(meta.shape, meta.chunk_shape)))
+        sparse = self._stored_in(per_dim, dest, fill) if big else None
 
         def units() -> Iterator[tuple[str, tuple[ChunkDimSel, ...]]]:
-            for combo in itertools.product(*per_dim):
+            combos = itertools.product(*per_dim) if sparse is None else sparse
+            for combo in combos:
                 yield meta.chunk_key([p.chunk for p in combo]), combo
 
         def handle(unit: tuple[str, tuple[ChunkDimSel, ...]], data: bytes | None) -> list[Job]:

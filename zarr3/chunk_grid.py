@@ -61,6 +61,25 @@ class ChunkKeyEncoding:
             return {"name": self.name}
         return {"configuration": {"separator": self.separator}, "name": self.name}
 
+    def decode(self, key: str, rank: int) -> tuple[int, ...] | None:
+        """The grid position of ``key`` if it is exactly the key :meth:`encode` gives for it
+        (canonical decimal numbers, ``rank`` of them), else ``None``."""
+        parts = key.split(self.separator)
+        if self.name == "default":
+            if not parts or parts[0] != "c":
+                return None
+            parts = parts[1:]
+        elif rank == 0:
+            return () if key == "0" else None
+        if len(parts) != rank:
+            return None
+        out = []
+        for p in parts:
+            if not p.isascii() or not p.isdigit() or (len(p) > 1 and p[0] == "0") or len(p) > 20:
+                return None
+            out.append(int(p))
+        return tuple(out)
+
     def encode(self, coords: Sequence[int]) -> str:
         """The key of the chunk at grid position ``coords``."""
         parts = [str(int(c)) for c in coords]

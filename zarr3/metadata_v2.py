@@ -108,6 +108,10 @@ class ArrayMetadataV2:
         """Store key of the chunk at grid position ``coords`` (``0`` for a 0-d array)."""
         return self._keys.encode(coords)
 
+    def chunk_coords(self, key: str) -> tuple[int, ...] | None:
+        """The grid position whose :meth:`chunk_key` is ``key`` (``None``: no chunk key)."""
+        return self._keys.decode(key, len(self.shape))
+
     @classmethod
     def from_json(cls, obj: Any, attributes: dict[str, Any] | None = None) -> ArrayMetadataV2:
         """Parse and validate a decoded ``.zarray`` object."""

@@ -122,6 +122,10 @@ class ArrayMetadataV3:
         """Store key of the chunk at grid position ``coords``."""
         return self.chunk_key_encoding.encode(coords)
 
+    def chunk_coords(self, key: str) -> tuple[int, ...] | None:
+        """The grid position whose :meth:`chunk_key` is ``key`` (``None``: no chunk key)."""
+        return self.chunk_key_encoding.decode(key, len(self.shape))
+
     @classmethod
     def from_json(cls, obj: Any) -> ArrayMetadataV3:
         """Parse and validate a decoded ``zarr.json`` object of an array."""

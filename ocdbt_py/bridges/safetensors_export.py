@@ -88,7 +88,7 @@ def _write_file(out: str | os.PathLike[str] | BinaryIO, tensors: list[ExportedTe
             if pending is not None:
                 pending.result()
 
-    _write_to(out, body)
+    _write_to(out, body, len(head) + sum(t.nbytes for t in tensors))
 
 
 def _shards(tensors: list[ExportedTensor], limit: int) -> list[list[ExportedTensor]]:

@@ -27,7 +27,7 @@ from ocdbt_py.checkpoint.layout import Kind
 from ocdbt_py.checkpoint.meta import LeafMetadata, item_metadata
 from ocdbt_py.checkpoint.restore.api import PathLike, resolve
 from ocdbt_py.checkpoint.restore.item import ARRAY, INLINE, SCALAR, STRING, Leaf, PyTreeItem
-from ocdbt_py.errors import NotFoundError, UnsupportedError
+from ocdbt_py.errors import NotFoundError, StorageError, UnsupportedError
 from ocdbt_py.kvstore.prefixed import PrefixStore
 
 __all__ = ["export_npz", "plan", "SAFETENSORS_DTYPES", "ExportedTensor"]
@@ -221,11 +221,25 @@ class _AtomicFile:
                 pass
 
 
-def _write_to(out: str | os.PathLike[str] | BinaryIO, body: Callable[[BinaryIO], None]) -> None:
-    """Run ``body(file)``; a path is written atomically (no half-written file on errors)."""
+def _write_to(out: str | os.PathLike[str] | BinaryIO, body: Callable[[BinaryIO], None], nbytes: int | None = None
+              ) -> None:
+    """Run ``body(file)``; a path is written atomically (no half-written file on errors).
+
+    ``nbytes``: the size of what will be written; a path whose filesystem has less room is
+    refused (:class:`StorageError`) before anything is written, so a checkpoint declaring
+    terabytes it does not store (absent chunks read as the fill value) ends at once."""
     if not isinstance(out, (str, os.PathLike)):
         body(out)
         return
+    if nbytes is not None:
+        where = os.path.dirname(os.path.abspath(os.fspath(out)))
+        try:
+            st = os.statvfs(where)
+        except (OSError, AttributeError):  # no statvfs (Windows) or no such directory: let the write say
+            st = None
+        if st is not None and nbytes > st.f_bavail * st.f_frsize:
+            raise StorageError(f"writing {os.fspath(out)} needs {nbytes:,} bytes but {where} has "
+                               f"{st.f_bavail * st.f_frsize:,} free; nothing was written")
     af = _AtomicFile(out)
     ok = False
     try:
@@ -281,5 +295,6 @@ def export_npz(
                     for slab in _slabs(t):
                         member.write(_le_bytes(slab).data)
 
-    _write_to(out, body)
+    # stored (uncompressed) members: at least the tensors' bytes; compressed: unknown
+    _write_to(out, body, None if compress else sum(t.nbytes for t in tensors))
     return [t.name for t in tensors]

@@ -32,6 +32,7 @@ from ocdbt_py.checkpoint.restore.api import PathLike, Resolved, resolve
 from ocdbt_py.checkpoint.restore.item import ARRAY, INLINE, SCALAR, PyTreeItem
 from ocdbt_py.errors import CorruptionError, NotFoundError
 from ocdbt_py.kvstore.prefixed import PrefixStore
+from zarr3.stored import DENSE_MAX, first_missing
 
 __all__ = ["Tensor", "Checkpoint", "ChunkUnit", "open_checkpoint", "chunk_units", "run_chunks",
            "numeric_view", "is_float", "default_workers", "task_bytes", "Fetched", "fetch_raw", "same_bytes",
@@ -228,10 +229,25 @@ class ChunkUnit:
     region: tuple[slice, ...]
     local: tuple[slice, ...] | None
     nbytes: int
+    #: ``> 0``: no chunk but a run of this many elements equal to the fill value (the absent
+    #: chunks of a large grid, see :func:`chunk_units`); ``key`` is then empty
+    fill: int = 0
 
 
-def chunk_units(t: Tensor) -> Iterator[ChunkUnit]:
-    """The chunks of ``t`` in grid order (one unit covering everything for inline values)."""
+def fill_scalar(t: Tensor) -> np.ndarray:
+    """One element of ``t``'s fill value (what its absent chunks read as), as a 1-element array."""
+    m = t.zarr()
+    fv = m.fill_value
+    return np.full(1, 0 if fv is None else fv, dtype=m.data_type.dtype)
+
+
+def chunk_units(t: Tensor, *, runs: bool = False) -> Iterator[ChunkUnit]:
+    """The chunks of ``t`` in grid order (one unit covering everything for inline values).
+
+    With ``runs``, a grid of more than :data:`~zarr3.stored.DENSE_MAX` chunks yields only its
+    stored chunks (from one listing) and, when some are absent, first one unit with
+    ``fill`` = the number of elements they cover (or :class:`CorruptionError` naming the first
+    absent one where every chunk must be stored): work proportional to what is stored."""
     if t.item is None:
         yield ChunkUnit(t, "", tuple(slice(0, s) for s in t.shape), None, t.nbytes)
         return
@@ -239,7 +255,21 @@ def chunk_units(t: Tensor) -> Iterator[ChunkUnit]:
     shape, cs = tuple(m.shape), tuple(m.chunk_shape)
     grid = [range(-(-s // c)) if c else range(0) for s, c in zip(shape, cs)]
     item_bytes = m.data_type.dtype.itemsize
-    for coords in itertools.product(*grid):
+    coords_of: Any = None  # itertools.product would copy every range into a tuple first
+    if runs and math.prod(len(g) for g in grid) > DENSE_MAX:
+        assert t.param is not None
+        coords_of = t.item.reader.stored(t.param, m)
+        if len(coords_of) < math.prod(len(g) for g in grid):
+            if not t.item.fill_missing:
+                gap = first_missing(grid, coords_of)
+                raise CorruptionError(f"array {t.name!r}: chunk {t.param + '/' + m.chunk_key(gap)!r} is missing (the "
+                                      f"checkpoint stores every chunk, so a missing one means it is damaged or "
+                                      f"incomplete)", path=t.item.kv.url)
+            covered = sum(math.prod(min((i + 1) * c, s) - i * c for i, c, s in zip(coords, cs, shape))
+                          for coords in coords_of)
+            absent = math.prod(shape) - covered
+            yield ChunkUnit(t, "", (), None, absent * item_bytes, fill=absent)
+    for coords in itertools.product(*grid) if coords_of is None else coords_of:
         sl = tuple(slice(i * c, min((i + 1) * c, s)) for i, c, s in zip(coords, cs, shape))
         edge = any(x.stop - x.start != c for x, c in zip(sl, cs))
         local = tuple(slice(0, x.stop - x.start) for x in sl) if edge else None
@@ -282,7 +312,7 @@ def fetch_raw(units: Sequence[ChunkUnit]) -> Fetched:
     for i, u in enumerate(units):
         if u.tensor.item is None:
             out.values[i] = u.tensor.value
-        else:
+        elif not u.fill:
             by_item.setdefault(id(u.tensor.item), []).append(i)
     for idx in by_item.values():
         item = units[idx[0]].tensor.item
@@ -362,7 +392,7 @@ def decode(u: ChunkUnit, raw: Any, scratch: Scratch | None = None, slot: int = 0
 
 def task_bytes(units: list[ChunkUnit]) -> int:
     """Decoded bytes of a task's chunks (its weight for :func:`run_chunks`)."""
-    return sum(u.nbytes for u in units)
+    return sum(u.nbytes for u in units if not u.fill)  # a run of the fill value holds no memory
 
 
 def group_units(units: Iterable[ChunkUnit], max_bytes: int = TASK_BYTES, max_count: int = TASK_CHUNKS

@@ -26,6 +26,7 @@ from ocdbt_py.inspect.source import (
     decode,
     default_workers,
     fetch_raw,
+    fill_scalar,
     group_units,
     numeric_view,
     open_checkpoint,
@@ -33,7 +34,7 @@ from ocdbt_py.inspect.source import (
     task_bytes,
 )
 
-__all__ = ["Moments", "TensorStats", "stats", "checkpoint_stats", "chunk_moments"]
+__all__ = ["Moments", "TensorStats", "stats", "checkpoint_stats", "chunk_moments", "run_moments"]
 
 
 @dataclasses.dataclass
@@ -92,6 +93,19 @@ def chunk_moments(a: np.ndarray, *, hist: bool = False) -> Moments:
     for lo in range(0, flat.size, BLOCK):
         m.add(_block_moments(flat[lo:lo + BLOCK], buf, hist))
     m.size = int(a.size)
+    return m
+
+
+def run_moments(one: np.ndarray, count: int, *, hist: bool = False) -> Moments:
+    """The :class:`Moments` of ``count`` copies of the single value in ``one``, computed once."""
+    m = chunk_moments(one, hist=hist)
+    m.n *= count
+    m.nan *= count
+    m.inf *= count
+    m.zeros *= count
+    m.size = count
+    for p in m.pieces:
+        p.counts = p.counts * count
     return m
 
 
@@ -177,6 +191,9 @@ def checkpoint_stats(ck: Checkpoint, *, hist: bool = False, workers: int | None 
         out = []
         try:
             for i, u in enumerate(units):
+                if u.fill:  # absent chunks of a large grid: one run of the fill value
+                    out.append((u.tensor.name, run_moments(fill_scalar(u.tensor), u.fill, hist=hist)))
+                    continue
                 a = decode(u, raws.values[i], scratch)  # or a view of the stored bytes (no codec)
                 out.append((u.tensor.name, chunk_moments(a, hist=hist)))
                 del a
@@ -190,7 +207,7 @@ def checkpoint_stats(ck: Checkpoint, *, hist: bool = False, workers: int | None 
         if progress is not None:
             progress(done[0], total)
 
-    units = (u for t in ck.tensors for u in chunk_units(t))
+    units = (u for t in ck.tensors for u in chunk_units(t, runs=True))
     nworkers = workers or default_workers(ck.remote)
     for res in run_chunks(group_units(units), task, workers=nworkers, progress=step, weight=task_bytes):
         for name, m in res:

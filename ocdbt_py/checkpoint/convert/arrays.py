@@ -36,6 +36,7 @@ from ocdbt_py.format.envelope import crc32c
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.sinks import Sink
 from ocdbt_py.pools import dedicated
+from zarr3.stored import DENSE_MAX, grid_shape
 
 __all__ = ["ArrayJob", "ItemWriter", "Stats", "array_tasks", "run_budgeted", "verify_array", "BATCH_BYTES",
            "REGION_BYTES"]
@@ -342,7 +343,13 @@ def array_tasks(job: ArrayJob, reader: Any, src_kv: KvStore, writer: ItemWriter,
             yield cost, functools.partial(_encode_region, job, reader, writer, origin, sl, stats)
         return
     chunk_bytes = max(1, math.prod(job.src.chunk_shape) * job.src.dtype.itemsize)
-    grid = _grid(job.src.shape, job.src.chunk_shape) if job.src.shape else iter([()])
+    grid: Iterable[tuple[int, ...]]
+    if math.prod(grid_shape(job.src.shape, job.src.chunk_shape)) > DENSE_MAX:
+        # a large declared grid: the chunks the source stores (one listing), not a probe per
+        # declared chunk; an absent chunk stays absent in the copy either way
+        grid = reader.stored(job.param, job.meta)
+    else:
+        grid = _grid(job.src.shape, job.src.chunk_shape) if job.src.shape else iter([()])
     if chunk_bytes > BATCH_BYTES:
         cost = BATCH_BYTES * (3 if job.how == "transcode" else 1)
         for c in grid:

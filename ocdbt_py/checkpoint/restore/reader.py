@@ -50,6 +50,7 @@ from zarr3.engine.executor import num_threads, run_pipeline
 from zarr3.errors import ChunkNotFoundError, MetadataError
 from zarr3.metadata_v2 import parse_zarray
 from zarr3.metadata_v3 import ArrayMetadataV3, parse_zarr_json
+from zarr3.stored import DENSE_MAX, first_missing, stored_chunks
 
 __all__ = ["ArrayReader", "LazyArray", "OverlayStore"]
 
@@ -186,6 +187,7 @@ class ArrayReader:
         self._local: LocalSource | None | bool = False  # False: not looked at yet
         self._remote: RemoteSource | None = None
         self._prefetch: Prefetch | None = None
+        self._stored: dict[str, list[tuple[int, ...]]] = {}
 
     def _table(self) -> Mapping[str, Any] | None:
         """Key -> location of every key, if a whole-item read already scanned the B+tree."""
@@ -478,7 +480,10 @@ class ArrayReader:
             grid = [range(-(-s // c)) if c else range(0) for s, c in zip(shape, cs)]
             if shape:
                 grid[0] = range(lo // cs[0], -(-hi // cs[0])) if cs[0] else range(0)
-            for coords in itertools.product(*grid):
+            # a large declared grid: only what is stored (itertools.product would also copy
+            # every range into a tuple first)
+            big = math.prod(len(g) for g in grid) > DENSE_MAX
+            for coords in self._stored_in(p, m, grid, out) if big else itertools.product(*grid):
                 sl = tuple(slice(i * c, min((i + 1) * c, s)) for i, c, s in zip(coords, cs, shape))
                 edge = any(x.stop - x.start != c for x, c in zip(sl, cs))
                 local = tuple(slice(0, x.stop - x.start) for x in sl) if edge else None
@@ -509,6 +514,27 @@ class ArrayReader:
         run_pipeline(source, units, lambda u: (u[0], None), handle, batch=per_batch,
                      max_pending=max(1, min(2 * workers, IN_FLIGHT_BYTES // (2 * biggest))))
         return results
+
+    def stored(self, param: str, meta: Any) -> list[tuple[int, ...]]:
+        """Sorted grid positions of the chunks of ``param`` that are stored (one listing of the
+        array's keys, cached: a directory walk, a B+tree range or an object listing)."""
+        got = self._stored.get(param)
+        if got is None:
+            got = self._stored[param] = stored_chunks(self.kv, meta, f"{param}/")
+        return got
+
+    def _stored_in(self, param: str, meta: Any, grid: list[range], out: np.ndarray) -> list[tuple[int, ...]]:
+        """The stored chunks of the box ``grid`` of a large grid; the first missing one is
+        :class:`CorruptionError` at once where every chunk must be stored, else ``out`` gets
+        the fill value once (the stored chunks are then decoded over it)."""
+        found = [c for c in self.stored(param, meta) if all(i in g for i, g in zip(c, grid))]
+        if len(found) < math.prod(len(g) for g in grid):
+            if not self.fill_missing:
+                gap = first_missing(grid, found)
+                assert gap is not None
+                self._missing_chunk(param, f"{param}/{meta.chunk_key(gap)}", meta)
+            out[...] = self._missing_chunk(param, "", meta)
+        return found
 
     def _missing_chunk(self, param: str, key: str, meta: Any) -> Any:
         """The value an absent chunk reads as (its fill value) where absent chunks are allowed;
