@@ -71,6 +71,7 @@ def test_interrupted_deletions_are_removed(tmp_path: Path) -> None:
 _OTHER = """
 import sys
 from ocdbt_py.checkpoint.manager import CheckpointManager
+from ocdbt_py.checkpoint.manager.rootlock import RootInUseError
 try:
     CheckpointManager(sys.argv[1], async_save=False)
     print("OPENED")
