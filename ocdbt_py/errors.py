@@ -17,6 +17,8 @@ __all__ = [
     "ConditionFailedError",
     "StorageError",
     "ResourceError",
+    "TreeMismatchError",
+    "TopologyMismatchError",
 ]
 
 
@@ -76,3 +78,13 @@ class ResourceError(OcdbtError, MemoryError):
     def __init__(self, message: str, *, nbytes: int | None = None):
         self.nbytes = nbytes
         super().__init__(message)
+
+
+class TreeMismatchError(OcdbtError, ValueError):
+    """A restore target's tree does not name the checkpoint's leaves (a target lacking a
+    stored leaf, or naming one not stored; Orbax raises ``ValueError`` for both)."""
+
+
+class TopologyMismatchError(OcdbtError, ValueError):
+    """The checkpoint recorded shardings over devices this process does not have, and the
+    restore target gives none to use instead (Orbax raises ``ValueError``)."""

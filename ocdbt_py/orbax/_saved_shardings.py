@@ -19,21 +19,10 @@ import numpy as np
 
 from ocdbt_py.checkpoint.meta import LeafMetadata, metadata
 from ocdbt_py.checkpoint.pytree import flatten_with_names
-from ocdbt_py.errors import OcdbtError
+from ocdbt_py.errors import TopologyMismatchError, TreeMismatchError
 from ocdbt_py.kvstore.base import KvStore
 
-__all__ = ["saved_sharding_target", "sharding_from_description", "settled_target", "TopologyMismatchError",
-           "TreeMismatchError"]
-
-
-class TopologyMismatchError(OcdbtError, ValueError):
-    """The checkpoint recorded shardings over devices this process does not have, and the
-    restore target gives none to use instead (Orbax raises ``ValueError``)."""
-
-
-class TreeMismatchError(OcdbtError, ValueError):
-    """A restore target's tree does not name the checkpoint's leaves (Orbax raises
-    ``ValueError``)."""
+__all__ = ["saved_sharding_target", "sharding_from_description", "settled_target"]
 
 
 _TOPOLOGY = ("Topology mismatch: the checkpoint was saved with shardings over devices this process does not "
