@@ -2,106 +2,21 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ocdbt_py.checkpoint.jsonio import read_json
-from ocdbt_py.checkpoint.layout import (
-    Kind,
-    Listing,
-    classify,
-    is_v1_checkpoint,
-    json_item_file,
-    list_items,
-    listing_of,
-    select_step,
-    step_metadata,
-    store_dir_name,
-)
+from ocdbt_py.checkpoint.layout import Kind, Listing, step_metadata
 from ocdbt_py.checkpoint.restore.gcpause import paused_gc
 from ocdbt_py.checkpoint.restore.item import ARRAY, SCALAR, PyTreeItem
+from ocdbt_py.checkpoint.restore.location import ItemLocation, PathLike, Resolved, locate, resolve
 from ocdbt_py.checkpoint.restore.targets import restore_with_target
-from ocdbt_py.errors import CorruptionError, NotFoundError
-from ocdbt_py.kvstore import open_kvstore
+from ocdbt_py.errors import NotFoundError
 from ocdbt_py.kvstore.base import KvStore
-from ocdbt_py.kvstore.prefixed import PrefixStore
 
-__all__ = ["restore", "open_item_dir", "resolve", "Resolved", "bare_array_leaf", "handler_of"]
-
-PathLike = str | os.PathLike[str] | KvStore
+__all__ = ["restore", "open_item_dir", "resolve", "Resolved", "PathLike", "bare_array_leaf", "handler_of",
+           "read_item"]
 
 _ARRAY_HANDLER = "ArrayCheckpointHandler"
-
-
-class Resolved:
-    """A checkpoint location after following a manager root to one step.
-
-    ``kind`` is :class:`Kind`; ``kv`` is rooted at the item or step directory; ``step`` is the
-    step number when a manager root was resolved.
-    """
-
-    def __init__(self, kv: KvStore, kind: Kind, listing: Listing, step: int | None = None):
-        self.kv = kv
-        self.kind = kind
-        self.listing = listing
-        self.step = step
-        #: each item's listing, once :meth:`items` has listed them
-        self.item_listings: dict[str, Listing] = {}
-        self._meta: dict[str, Any] | None = None
-
-    def step_metadata(self) -> dict[str, Any]:
-        """The parsed ``_CHECKPOINT_METADATA`` of the directory (``{}`` if absent; read once)."""
-        if self._meta is None:
-            self._meta = step_metadata(self.kv) or {}
-        return self._meta
-
-    def items(self) -> dict[str, Kind]:
-        """The items of a step directory (``{}`` for an item directory)."""
-        if self.kind != Kind.STEP:
-            return {}
-        return list_items(self.kv, listing=self.listing, listings=self.item_listings,
-                          metadata=self.step_metadata())
-
-    def handlers(self) -> dict[str, str]:
-        """The item handler names recorded in the step's ``_CHECKPOINT_METADATA``."""
-        h = self.step_metadata().get("item_handlers")
-        return {k: v for k, v in h.items() if isinstance(v, str)} if isinstance(h, dict) else {}
-
-    def single_item(self, items: dict[str, Kind]) -> str | None:
-        """The item to return unwrapped: ``default`` of a single-item CheckpointManager, or the
-        ``state`` of a v1 ``save_pytree`` checkpoint (as Orbax's own restore does)."""
-        names = [n for n in items if n != "metrics"]
-        if names == ["default"]:
-            return "default"
-        if list(items) == ["state"] and is_v1_checkpoint(self.kv):
-            return "state"
-        return None
-
-    def item_to_unwrap(self, items: dict[str, Kind], item: str | None) -> str | None:
-        """The one item to return on its own: ``item`` if given (it must exist), else
-        :meth:`single_item`; ``None`` means every item, as a dict by name."""
-        if item is not None:
-            if item not in items:
-                raise NotFoundError(f"{self.kv.url} has no item {item!r} (items: {sorted(items)})")
-            return item
-        return self.single_item(items)
-
-
-def resolve(path: PathLike, *, step: int | None = None, storage_options: dict[str, Any] | None = None) -> Resolved:
-    """Open ``path`` and follow a manager root to ``step`` (default: the latest finalized)."""
-    kv = open_kvstore(path, storage_options, read_only=True)
-    # the first small files are fetched while the directory is listed (one round trip)
-    lst = listing_of(kv)
-    kind = classify(kv, listing=lst)
-    if kind != Kind.ROOT:
-        if step is not None:
-            raise ValueError(f"step={step} applies to a CheckpointManager root; {kv.url} is a {kind.value} directory")
-        return Resolved(kv, kind, lst)
-    entry = select_step(kv, step, listing=lst)
-    skv = PrefixStore(kv, entry.name)
-    slst = listing_of(skv)
-    skind = classify(skv, listing=slst)
-    return Resolved(skv, skind, slst, entry.step)
 
 
 def open_item_dir(kv: KvStore, listing: Listing | None = None) -> PyTreeItem:
@@ -116,23 +31,21 @@ def handler_of(kv: KvStore) -> str | None:
     return h if isinstance(h, str) else None
 
 
-def _restore_item(kv: KvStore, kind: Kind, target: Any, lazy: bool, handler: str | None,
-                  listing: Listing | None = None) -> Any:
-    if kind == Kind.JSON:
-        lst = listing or Listing.of(kv)
-        fname = json_item_file(lst, store_dir_name(kv))
-        assert fname is not None
-        return read_json(kv, fname)
-    if kind == Kind.JSON_DIR:
-        lst = listing or Listing.of(kv)
-        return {f: read_json(kv, f) for f in lst.files if f.endswith(".json")}
-    if kind != Kind.PYTREE:
-        raise NotFoundError(f"{kv.url} is not an item directory")
+def read_item(loc: ItemLocation, target: Any = None, *, lazy: bool = False) -> Any:
+    """The tree of the item at ``loc`` (JSON items parsed; see :func:`restore` for ``target``
+    and ``lazy``)."""
+    if loc.kind == Kind.JSON:
+        assert loc.json_file is not None
+        return read_json(loc.store, loc.json_file)
+    if loc.kind == Kind.JSON_DIR:
+        return {f: read_json(loc.store, f) for f in loc.listing.files if f.endswith(".json")}
+    if loc.kind != Kind.PYTREE:
+        raise NotFoundError(f"{loc.store.url} is not an item directory")
     with paused_gc():
         # a restore of everything starts on the data files as soon as the listing names them
-        item = PyTreeItem(kv, listing=listing, prefetch=target is None and not lazy)
+        item = PyTreeItem(loc.store, listing=loc.listing, prefetch=target is None and not lazy)
     try:
-        bare = bare_array_leaf(item, handler)
+        bare = bare_array_leaf(item, loc.handler)
         if bare is not None and target is not None:
             target = {"checkpoint": target}
         if target is None:
@@ -192,31 +105,11 @@ def restore(
     views of shared 2 MiB slabs (their ``base``), so that thousands of them decode a run at a
     time; an array kept after the others are dropped keeps its slab alive.
     """
-    r = resolve(path, step=step, storage_options=storage_options)
-    if r.kind == Kind.STEP:
-        items = r.items()
-        handlers = r.handlers()
-        name = r.item_to_unwrap(items, item)
-        if name is not None:
-            return _restore_item(PrefixStore(r.kv, name), items[name], target, lazy, handlers.get(name),
-                                 r.item_listings.get(name))
-        if not items:
-            raise CorruptionError(f"{r.kv.url} is a step directory without any readable item")
-        if target is not None:
-            if not isinstance(target, dict) or not set(target) <= set(items):
-                raise ValueError(
-                    f"for a step directory, target must be a dict keyed by item name ({sorted(items)})"
-                )
-            return {
-                name: _restore_item(PrefixStore(r.kv, name), items[name], sub, lazy, handlers.get(name),
-                                    r.item_listings.get(name))
-                for name, sub in target.items()
-            }
-        return {
-            name: _restore_item(PrefixStore(r.kv, name), kind, None, lazy, handlers.get(name),
-                                r.item_listings.get(name))
-            for name, kind in items.items()
-        }
-    if item is not None:
-        raise ValueError(f"item={item!r} applies to a step directory; {r.kv.url} is an item directory")
-    return _restore_item(r.kv, r.kind, target, lazy, handler_of(r.kv), r.listing)
+    loc = locate(path, step=step, item=item, storage_options=storage_options)
+    if loc.unwrap is not None:
+        return read_item(loc.items[loc.unwrap], target, lazy=lazy)
+    if target is None:
+        return {name: read_item(il, lazy=lazy) for name, il in loc.items.items()}
+    if not isinstance(target, dict) or not set(target) <= set(loc.items):
+        raise ValueError(f"for a step directory, target must be a dict keyed by item name ({sorted(loc.items)})")
+    return {name: read_item(loc.items[name], sub, lazy=lazy) for name, sub in target.items()}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -544,7 +543,7 @@ def _run(dest: Destination, plans: Mapping[str, Plan], coord: Coordinator, opts:
     coord.sync("prepared", err)
     root = dest.write_kv
     own: dict[str, dict[bytes, Any] | None] = {}
-    syncing: _Background | None = None
+    syncing: async_save.Background | None = None
     try:
         for name, plan in plans.items():
             if isinstance(plan, ItemPlan):
@@ -555,7 +554,7 @@ def _run(dest: Destination, plans: Mapping[str, Plan], coord: Coordinator, opts:
         if opts.sync and coord.is_primary:
             # the primary's data files need only be durable before its commit: they are
             # fsynced while the merged root and metadata files are built (joined before the commit)
-            syncing = _Background(dest.sync)
+            syncing = async_save.Background(dest.sync, name="ocdbt-save-sync")
         elif opts.sync:
             dest.sync()  # before the barrier: the primary commits what the others wrote
     except BaseException as e:  # noqa: BLE001
@@ -580,28 +579,6 @@ def _item_directory(item_kv: KvStore) -> str:
         raise UnsupportedError(f"an item written by its own handler needs a local destination, not {item_kv.url}")
     os.makedirs(path, exist_ok=True)
     return path
-
-
-class _Background:
-    """``fn()`` on its own thread; :meth:`join` waits and re-raises its error."""
-
-    def __init__(self, fn: Callable[[], None]):
-        self._error: BaseException | None = None
-        self._fn = fn
-        self._thread = threading.Thread(target=self._run, name="ocdbt-save-sync", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._fn()
-        except BaseException as e:  # noqa: BLE001 - handed to join()
-            self._error = e
-
-    def join(self, check: bool = True) -> None:
-        """Wait for ``fn``; raise its error (``check``)."""
-        self._thread.join()
-        if check and self._error is not None:
-            raise self._error
 
 
 def commit_items(dest: Destination, root: KvStore, plans: Mapping[str, Plan], coord: Coordinator,

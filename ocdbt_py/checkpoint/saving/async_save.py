@@ -4,6 +4,9 @@
 the merge and the commit to a (non-daemon) thread and returns a handle.  Saves run one at a
 time per process: a new save first waits for the previous one and re-raises its error if
 nobody collected it with :meth:`SaveHandle.wait`.
+
+:class:`Background` is the one way saving runs work on a thread of its own (the save of a
+non-blocking call, the fsync of the data files while the primary builds the merged root).
 """
 
 from __future__ import annotations
@@ -12,10 +15,37 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["SaveHandle", "start", "wait_for_previous"]
+__all__ = ["SaveHandle", "Background", "start", "wait_for_previous"]
 
 _lock = threading.Lock()
 _last: SaveHandle | None = None
+
+
+class Background:
+    """``fn()`` on a thread of its own, started at once; :meth:`join` waits and re-raises its
+    error.  ``then(error)``, if given, runs on that thread when ``fn`` has finished."""
+
+    def __init__(self, fn: Callable[[], None], *, name: str, daemon: bool = True,
+                 then: Callable[[BaseException | None], None] | None = None):
+        self.error: BaseException | None = None
+        self._fn = fn
+        self._then = then
+        self.thread = threading.Thread(target=self._run, name=name, daemon=daemon)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._fn()
+        except BaseException as e:  # noqa: BLE001 - handed to join() / then()
+            self.error = e
+        if self._then is not None:
+            self._then(self.error)
+
+    def join(self, check: bool = True) -> None:
+        """Wait for ``fn``; raise its error (``check``)."""
+        self.thread.join()
+        if check and self.error is not None:
+            raise self.error
 
 
 class SaveHandle:
@@ -92,17 +122,8 @@ def start(path: str, work: Callable[[], None], *, blocking: bool, started: float
         handle.blocking_seconds = handle.total_seconds or 0.0
         return handle
 
-    def run() -> None:
-        try:
-            work()
-        except BaseException as e:  # noqa: BLE001 - handed to wait()
-            handle._finish(e, started)
-            return
-        handle._finish(None, started)
-
-    t = threading.Thread(target=run, name=f"ocdbt-save:{path}", daemon=False)
-    handle._thread = t
     with _lock:
         _last = handle
-    t.start()
+    bg = Background(work, name=f"ocdbt-save:{path}", daemon=False, then=lambda e: handle._finish(e, started))
+    handle._thread = bg.thread
     return handle
