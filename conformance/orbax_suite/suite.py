@@ -148,9 +148,10 @@ def prepare(src: Path, work: Path, mode: str) -> None:
     (work / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n", encoding="utf-8")
 
 
-def run_file(work: Path, mode: str, name: str, timeout: float = 3600, per_test: int = 300) -> dict[str, Any]:
+def run_file(work: Path, mode: str, name: str, timeout: float = 3600, per_test: int = 120) -> dict[str, Any]:
     """Run one copied test file; its records (``tests``, ``collect_errors``) and ``seconds``."""
     out = work / f"{name}.{mode}.json"
+    out.unlink(missing_ok=True)  # never read a previous run's records
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(work), str(HERE), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["OCDBT_SUITE_MODE"] = mode

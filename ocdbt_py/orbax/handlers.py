@@ -34,7 +34,7 @@ from ocdbt_py.checkpoint.saving.layout_writer import (
     checkpoint_metadata,
     json_item,
 )
-from ocdbt_py.errors import UnsupportedError
+from ocdbt_py.errors import NotFoundError, UnsupportedError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.orbax import args as args_lib
@@ -48,6 +48,7 @@ from ocdbt_py.orbax._convert import (
 )
 from ocdbt_py.orbax._foreign import refuse_orbax_object
 from ocdbt_py.orbax._saved_shardings import saved_sharding_target, settled_target
+from ocdbt_py.orbax.metadata import StepMetadata, step_metadata
 from ocdbt_py.orbax.registry import (
     CheckpointHandlerRegistry,
     DefaultCheckpointHandlerRegistry,
@@ -572,14 +573,25 @@ class CompositeCheckpointHandler(CheckpointHandler):
         available = [n for n in resolve(directory).items() if n != "metrics"]
         return self.restore_items(directory, args, available)
 
-    def metadata(self, directory: Location) -> args_lib.Composite:
-        """Each item's metadata (``None`` for items whose handler keeps none), as a ``Composite``."""
-        available = [n for n in resolve(directory).items() if n != "metrics"]
+    def metadata(self, directory: Location) -> Any:
+        """The step's ``StepMetadata`` (``item_handlers``, ...) whose ``item_metadata`` is a
+        ``Composite`` of each item's metadata (``None`` for items whose handler keeps none)."""
+        try:
+            meta = step_metadata(directory, composite=True)
+        except NotFoundError:  # nothing saved there yet: no items, as Orbax
+            return StepMetadata(item_metadata=args_lib.Composite())
         out = {}
-        for name in available:
+        for name in meta.item_metadata:
             h = self.handlers.get(name)
-            out[name] = h.item_metadata(directory, name) if h is not None else metadata(directory, item=name)
-        return args_lib.Composite(**out)
+            out[name] = h.item_metadata(directory, name) if h is not None else meta.item_metadata[name]
+        meta.item_metadata = args_lib.Composite(**out)
+        return meta
+
+    def close(self) -> None:
+        """Close every item's handler."""
+        for h in self.handlers.values():
+            if h is not None:
+                h.close()
 
     def restore_items(self, location: Location, args: args_lib.Composite | None,
                       available: list[str]) -> args_lib.Composite:

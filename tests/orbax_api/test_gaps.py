@@ -135,7 +135,9 @@ def test_composite_handler_returns_composite(tmp_path) -> None:
                                         meta=ocp.args.JsonSave({"lang": "en"})))
     got = h.restore(tmp_path, ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
     assert isinstance(got, ocp.args.Composite) and got.meta == {"lang": "en"}
-    assert isinstance(h.metadata(tmp_path), ocp.args.Composite)
+    meta = h.metadata(tmp_path)
+    assert isinstance(meta.item_metadata, ocp.args.Composite) and set(meta.item_metadata) == {"state", "meta"}
+    assert meta.item_handlers["state"] == ocp.StandardCheckpointHandler.typestr()
 
 
 def test_transforms_and_placeholders(tmp_path) -> None:

@@ -166,7 +166,9 @@ def get_save_directory(step: int, directory: PathLike, name: str | None = None, 
 
 
 def step_from_checkpoint_name(name: str) -> int:
-    """The step of a step directory name (``42``, ``ckpt_42``, ``000042``)."""
+    """The step of a step directory name (``42``, ``ckpt_42``, ``000042``, and temporary
+    ``42.orbax-checkpoint-tmp-<n>`` names)."""
+    name = name.split(TMP_DIR_SUFFIX, 1)[0]
     if name.isdigit():
         return int(name)
     m = re.fullmatch(r"(.+)_(\d+)", name)
