@@ -50,7 +50,7 @@ TRY_NEXT_CLI = (
     "ocdbt verify {d}/ckpt",
     "ocdbt steps {d}/run",
     "ocdbt tree {d}/run --step 20",
-    "ocdbt export {d}/ckpt {d}/model.npz",
+    "ocdbt export {d}/ckpt {d}/model.npz --force",
     "ocdbt versions {d}/db",
     "ocdbt ls {d}/db --version 2",
     "ocdbt get {d}/db greeting --json",

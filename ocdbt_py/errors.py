@@ -7,6 +7,9 @@ catch one class.  Errors that describe bad arguments also derive from the matchi
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 __all__ = [
     "OcdbtError",
     "CorruptionError",
@@ -19,6 +22,7 @@ __all__ = [
     "ResourceError",
     "TreeMismatchError",
     "TopologyMismatchError",
+    "MissingDependencyError",
 ]
 
 
@@ -88,3 +92,24 @@ class TreeMismatchError(OcdbtError, ValueError):
 class TopologyMismatchError(OcdbtError, ValueError):
     """The checkpoint recorded shardings over devices this process does not have, and the
     restore target gives none to use instead (Orbax raises ``ValueError``)."""
+class MissingDependencyError(OcdbtError, ModuleNotFoundError):
+    """A feature needs an optional package that is not installed; the message names the
+    ``pip install 'ocdbt-py[extra]'`` that brings it (``extra`` and ``package`` are kept)."""
+
+    def __init__(self, package: str, extra: str, purpose: str):
+        self.package = package
+        self.extra = extra
+        super().__init__(f"{purpose} needs the optional package {package!r}, which is not installed: "
+                         f"pip install 'ocdbt-py[{extra}]'", name=package)
+
+    @classmethod
+    def require(cls, module: str, extra: str, purpose: str) -> ModuleType:
+        """``importlib.import_module(module)``, or this error when the module (or the package
+        it belongs to) is not installed.  ``purpose`` says what needed it (``"to_dask()"``)."""
+        try:
+            return importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            top = module.split(".")[0]
+            if e.name is not None and e.name.split(".")[0] != top:
+                raise  # the package is there but one of its own dependencies is missing
+            raise cls(top, extra, purpose) from e

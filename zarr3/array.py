@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ocdbt_py.errors import CorruptionError, ReadOnlyError
+from ocdbt_py.errors import CorruptionError, MissingDependencyError, ReadOnlyError
 from ocdbt_py.kvstore import KvStore, PrefixStore, open_kvstore
 from zarr3.chunk_grid import ChunkKeyEncoding, parse_shape
 from zarr3.codecs import (
@@ -327,6 +327,7 @@ class Array:
         chunks = dask_blocks.merged_chunks(self.shape, stored, self.dtype.itemsize,
                                            block_bytes or dask_blocks.DEFAULT_BLOCK_BYTES)
         src = getattr(self, "_source", None)
+        MissingDependencyError.require("dask.array", "dask", "Array.to_dask()")
         import dask.base  # optional: to_dask needs dask anyway
 
         if src is not None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from ocdbt_py.checkpoint.restore.api import PathLike, resolve, restore
 from ocdbt_py.checkpoint.restore.reader import LazyArray
+from ocdbt_py.errors import MissingDependencyError
 from ocdbt_py.kvstore import KvStore
 from zarr3.engine.dask_blocks import DEFAULT_BLOCK_BYTES, block_array, merged_chunks
 
@@ -87,9 +88,10 @@ def to_dask(
     ``path``/``item``/``step``/``storage_options`` are as for ``restore`` (a manager root's
     latest step is fixed now, so every worker reads the same step).  Blocks are whole stored
     chunks merged up to ``block_bytes`` (default 128 MiB).  Needs ``dask``
-    (``pip install ocdbt-py[dask]``); the options must be JSON-serialisable (they travel with
-    the tasks).
+    (``pip install 'ocdbt-py[dask]'``; without it :class:`~ocdbt_py.errors.MissingDependencyError`);
+    the options must be JSON-serialisable (they travel with the tasks).
     """
+    MissingDependencyError.require("dask.array", "dask", "to_dask()")
     import dask.base  # optional: only dask users pay for it
 
     url = _url(path)

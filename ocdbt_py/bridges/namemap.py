@@ -82,7 +82,8 @@ def load_name_map(path: str | os.PathLike[str]) -> NameMap:
         try:
             import yaml  # optional: only YAML map files need PyYAML
         except ImportError as e:
-            raise ValueError(f"{p} is YAML, which needs PyYAML (pip install pyyaml); or write it as JSON") from e
+            raise ValueError(f"{p} is YAML, which needs PyYAML (pip install 'ocdbt-py[yaml]'); or write it as "
+                             "JSON") from e
         try:
             doc = yaml.safe_load(raw)
         except yaml.YAMLError as e:

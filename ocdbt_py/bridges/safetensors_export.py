@@ -24,7 +24,7 @@ from ocdbt_py import pools
 from ocdbt_py.bridges.namemap import glob_matcher
 from ocdbt_py.bridges.safetensors_format import build_header
 from ocdbt_py.checkpoint import export as _export
-from ocdbt_py.checkpoint.export import ExportedTensor, Rename, _le_bytes, _slabs, _write_to, plan
+from ocdbt_py.checkpoint.export import ExportedTensor, Rename, _le_bytes, _slabs, _write_to, plan, ticker
 from ocdbt_py.checkpoint.restore.api import PathLike
 from ocdbt_py.checkpoint.restore.item import INLINE
 from ocdbt_py.units import parse_size
@@ -65,7 +65,7 @@ def _tensor_slabs(t: ExportedTensor, transposed: bool) -> Iterator[np.ndarray]:
 
 
 def _write_file(out: str | os.PathLike[str] | BinaryIO, tensors: list[ExportedTensor], transposed: set[str],
-                metadata: Mapping[str, str] | None) -> None:
+                metadata: Mapping[str, str] | None, tick: Callable[[int], None] = lambda n: None) -> None:
     head = build_header([(t.name, t.dtype, t.shape) for t in tensors], metadata)
 
     def body(f: BinaryIO) -> None:
@@ -81,6 +81,7 @@ def _write_file(out: str | os.PathLike[str] | BinaryIO, tensors: list[ExportedTe
                         pending.result()  # at most one slab being written while the next is read
                     pending = pools.shared("io").submit(f.write, buf.data)
                     written += buf.nbytes
+                    tick(buf.nbytes)
                     del buf  # the write task holds it until written
                 if written != t.nbytes:
                     raise RuntimeError(f"tensor {t.name!r}: wrote {written} bytes, expected {t.nbytes}")
@@ -120,6 +121,7 @@ def export_safetensors(
     metadata: Mapping[str, str] | None = None,
     max_shard_size: int | str | None = None,
     transpose: Iterable[str] | Callable[[str], bool] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[str]:
     """Write every array of a checkpoint as safetensors, streaming; returns the tensor names.
 
@@ -136,6 +138,7 @@ def export_safetensors(
     them) ``out`` is a directory: ``model.safetensors`` when everything fits, else numbered
     shards and ``model.safetensors.index.json``; ``{"format": "pt"}`` is added to the
     metadata, as ``transformers`` expects.  Peak memory is about one slab of one tensor.
+    ``progress(done_bytes, total_bytes)`` is called as slabs are written.
     """
     strings: dict[str, str] = {}
     tensors = plan(ckpt, dtype=dtype, rename=rename, item=item, step=step, storage_options=storage_options,
@@ -146,8 +149,9 @@ def export_safetensors(
         if t.name in transposed:
             t.shape = t.shape[::-1]
     meta = {**strings, **dict(metadata or {})}
+    tick = ticker(progress, sum(t.nbytes for t in tensors))
     if max_shard_size is None:
-        _write_file(out, tensors, transposed, meta)
+        _write_file(out, tensors, transposed, meta, tick)
         return [t.name for t in tensors]
     if not isinstance(out, (str, os.PathLike)):
         raise TypeError("max_shard_size= writes a directory; pass its path as out")
@@ -157,12 +161,12 @@ def export_safetensors(
     os.makedirs(outdir, exist_ok=True)
     shards = _shards(tensors, limit)
     if len(shards) == 1:
-        _write_file(os.path.join(outdir, SINGLE_NAME), tensors, transposed, meta)
+        _write_file(os.path.join(outdir, SINGLE_NAME), tensors, transposed, meta, tick)
         return [t.name for t in tensors]
     weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards, 1):
         fname = shard_file_name(i, len(shards))
-        _write_file(os.path.join(outdir, fname), shard, transposed, meta)
+        _write_file(os.path.join(outdir, fname), shard, transposed, meta, tick)
         weight_map.update((t.name, fname) for t in shard)
     index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": weight_map}
     raw = json.dumps(index, indent=2, sort_keys=True).encode("utf-8") + b"\n"

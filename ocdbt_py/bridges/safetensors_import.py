@@ -149,8 +149,19 @@ GROUP_BYTES = 32 << 20
 READ_PIECE = 4 << 20
 
 
-def _loader(kv: KvStore, by_param: Mapping[str, SourceTensor]) -> Callable[[str], np.ndarray]:
+def _loader(kv: KvStore, by_param: Mapping[str, SourceTensor],
+            progress: Callable[[int, int], None] | None = None) -> Callable[[str], np.ndarray]:
+    total = sum(t.info.nbytes for t in by_param.values())
+    done = [0]
+
     def load(param: str) -> np.ndarray:
+        out = _load(param)
+        if progress is not None:
+            done[0] += out.nbytes
+            progress(done[0], total)
+        return out
+
+    def _load(param: str) -> np.ndarray:
         t = by_param[param]
         where = f"{kv.url.rstrip('/')}/{t.file}"
         out = np.empty(t.info.nbytes, dtype=np.uint8)
@@ -207,6 +218,7 @@ def import_safetensors(
     storage_options: dict[str, Any] | None = None,
     dst_storage_options: dict[str, Any] | None = None,
     workers: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[str]:
     """Write the tensors of a safetensors source into a new Orbax checkpoint at ``dst``.
 
@@ -217,7 +229,8 @@ def import_safetensors(
     ``SaveArgs``.  ``rename`` maps each name (dict, or a function returning the new name or
     ``None`` to skip the tensor; e.g. :class:`~ocdbt_py.bridges.namemap.NameMap`) before
     dotted names become nested dicts.  Zero-size tensors cannot be stored by Orbax: leave them
-    out with ``rename``.  Returns the names written, in the order of the nested tree.
+    out with ``rename``.  ``progress(done_bytes, total_bytes)`` is called as tensors are read.
+    Returns the names written, in the order of the nested tree.
     """
     _save.async_save.wait_for_previous()
     kv, tensors = list_source(src, storage_options)
@@ -248,7 +261,7 @@ def import_safetensors(
                                workers=workers, sync=True)
     # save()'s own planning and commit steps, with the data written here, streamed
     plan = _save.plan_item(name=None, tree=tree, coord=coord, opts=opts, handler=None, custom_metadata=None)
-    load = _loader(kv, {leaf.param_name: named[leaf.param_name] for leaf in plan.leaves})
+    load = _loader(kv, {leaf.param_name: named[leaf.param_name] for leaf in plan.leaves}, progress)
     dest = open_destination(dst, dst_storage_options)
     init_ns = time.time_ns()
     dest.prepare(force)  # the steps of save()'s single-process path, with a streamed middle

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from ocdbt_py.errors import MissingDependencyError
+
 __all__ = ["to_torch", "TORCH_VIEWS"]
 
 #: ml_dtypes name -> (same-width NumPy view type, torch dtype name).
@@ -41,6 +43,7 @@ def _tensor(a: np.ndarray, torch: Any) -> Any:
 
 def to_torch(tree: Any) -> Any:
     """``tree`` with every NumPy array (ml_dtypes included) a ``torch.Tensor`` sharing its memory."""
+    MissingDependencyError.require("torch", "torch", "to_torch()")
     import torch  # optional: only torch users pay for it
 
     def conv(x: Any) -> Any:

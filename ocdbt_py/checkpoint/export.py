@@ -173,6 +173,19 @@ def _flatten_md(tree: Any, out: dict[str, Any]) -> None:
             stack.extend(x)
 
 
+def ticker(progress: Callable[[int, int], None] | None, total: int) -> Callable[[int], None]:
+    """``add(nbytes)``: counts bytes written and reports ``progress(done, total)`` (a no-op without one)."""
+    if progress is None:
+        return lambda n: None
+    done = [0]
+
+    def add(n: int) -> None:
+        done[0] += n
+        progress(done[0], total)
+
+    return add
+
+
 def _slabs(t: ExportedTensor) -> Iterator[np.ndarray]:
     """The tensor's data in row slabs along axis 0, each a C-contiguous array of ``t.dtype``."""
     if t.leaf.kind == INLINE:
@@ -271,12 +284,14 @@ def export_npz(
     step: int | None = None,
     storage_options: dict[str, Any] | None = None,
     compress: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[str]:
     """Write every array into a ``.npz`` archive (``np.load`` reads it), streaming.
 
     Names and options are as for :func:`export_safetensors`.  NumPy's ``.npy`` format cannot
     name ml_dtypes types, so bfloat16 and float8 tensors are widened to float32 and int4 to
-    int8 (losslessly) unless ``dtype`` says otherwise.
+    int8 (losslessly) unless ``dtype`` says otherwise.  ``progress(done_bytes, total_bytes)`` is
+    called as slabs are written.
     """
     tensors = plan(ckpt, dtype=dtype, rename=rename, item=item, step=step, storage_options=storage_options)
     for t in tensors:
@@ -284,6 +299,7 @@ def export_npz(
         if wide is not None:
             t.dtype = wide
     mode = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    tick = ticker(progress, sum(t.nbytes for t in tensors))
 
     def body(f: BinaryIO) -> None:
         with zipfile.ZipFile(f, "w", compression=mode, allowZip64=True) as zf:
@@ -294,6 +310,7 @@ def export_npz(
                     np.lib.format.write_array_header_2_0(member, hdr)
                     for slab in _slabs(t):
                         member.write(_le_bytes(slab).data)
+                        tick(slab.nbytes)
 
     # stored (uncompressed) members: at least the tensors' bytes; compressed: unknown
     _write_to(out, body, None if compress else sum(t.nbytes for t in tensors))

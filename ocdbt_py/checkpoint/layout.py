@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import os
 import re
 import warnings
 from typing import Any
@@ -260,6 +261,10 @@ def classify(kv: KvStore, prefix: str = "", listing: Listing | None = None) -> K
             return Kind.STEP
     where = kv.url.rstrip("/") + ("/" + prefix.rstrip("/") if prefix else "")
     if not lst.dirs and not lst.files:
+        local = kv.local_path(prefix.rstrip("/")) if prefix else kv.local_path()
+        if local is not None and os.path.isfile(local.rstrip("/")):
+            raise NotFoundError(f"{where} is a file, not a database or checkpoint (give a checkpoint item, "
+                                "step or root directory)")
         raise NotFoundError(f"{where} does not exist or is empty (no Orbax checkpoint there)")
     raise NotFoundError(f"{where} is not an Orbax checkpoint (no item, step or step directories found)")
 

@@ -13,9 +13,9 @@ import sys
 from typing import Any
 
 from ocdbt_py.cli.errors import CliError, UsageError, value_errors_as_usage
-from ocdbt_py.cli.options import add_location, parse_storage_option, size_arg
+from ocdbt_py.cli.options import add_location, add_progress, parse_storage_option, size_arg
 from ocdbt_py.cli.output import human_bytes, print_json
-from ocdbt_py.cli.progress import Progress, want_progress
+from ocdbt_py.cli.progress import Progress, progress_enabled
 
 __all__ = ["register", "run"]
 
@@ -70,6 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="do not fsync local files (faster, not crash-durable)")
     p.add_argument("--dst-storage-option", metavar="K=V", action="append", default=[],
                    type=parse_storage_option, help="fsspec storage option for DST (repeatable; replaces -S for DST)")
+    add_progress(p)
     p.set_defaults(func=run)
 
 
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--workers must be at least 1")
     so = dict(args.storage_option) or None
     dso = dict(args.dst_storage_option) or None
-    bar = Progress("cp", enabled=not args.quiet and want_progress(None))
+    bar = Progress("cp", enabled=progress_enabled(args))
 
     def progress(done: int, total: int, unit: str) -> None:
         bar.update(done, total, unit)
@@ -122,6 +123,6 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
     if args.json:
         print_json(summary)
-    elif not args.quiet:
-        sys.stderr.write(_summary_line(summary) + "\n")
+    else:  # the result, on stdout like every command's
+        sys.stdout.write(_summary_line(summary) + "\n")
     return 0

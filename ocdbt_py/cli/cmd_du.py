@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--depth", type=int, default=None, metavar="N",
                    help="sum per subtree of the first N dotted name parts instead of per tensor")
     p.add_argument("--files", action="store_true", help="also list every data file (default: a summary)")
-    add_inspect_common(p, workers=False)
+    add_inspect_common(p, workers=False, progress=False)
     p.set_defaults(func=run)
 
 

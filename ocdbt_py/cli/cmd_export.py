@@ -17,9 +17,10 @@ import time
 import warnings
 from typing import Any
 
-from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
-from ocdbt_py.cli.options import add_json, add_location, name_map_arg, storage_options
-from ocdbt_py.cli.output import human_bytes, print_json
+from ocdbt_py.cli.errors import CliError, UsageError, value_errors_as_usage
+from ocdbt_py.cli.inspect_args import progress_callback
+from ocdbt_py.cli.options import add_json, add_location, add_progress, name_map_arg, storage_options
+from ocdbt_py.cli.output import check_overwrite, human_bytes, print_json
 
 __all__ = ["register", "run"]
 
@@ -59,8 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
                    help="replace the name prefix OLD with NEW (repeatable; the first match wins)")
     p.add_argument("--compress", action="store_true", help="deflate .npz members")
+    p.add_argument("--force", action="store_true", help="replace existing output files")
     add_json(p)
-    p.add_argument("--quiet", action="store_true", help="no notes on stderr")
+    add_progress(p)
     p.set_defaults(func=run)
 
 
@@ -117,6 +119,19 @@ def _written_files(args: argparse.Namespace, fmt: str) -> list[str]:
     return [os.path.join(args.out, SINGLE_NAME)]
 
 
+def _refuse_overwrite(args: argparse.Namespace, fmt: str) -> None:
+    """Without ``--force``, existing output is an error (the one overwrite rule of every command)."""
+    if args.force:
+        return
+    if fmt == "safetensors-dir":
+        existing = os.path.isdir(args.out) and [n for n in os.listdir(args.out) if n.endswith(
+            (".safetensors", ".safetensors.index.json"))]
+        if existing:
+            raise CliError(f"{args.out} already holds safetensors files: pass --force to replace them")
+        return
+    check_overwrite(args.out, args.force)
+
+
 def run(args: argparse.Namespace) -> int:
     """Write the file(s)."""
     # the checkpoint engine loads when the command runs, so `ocdbt --help` stays quick
@@ -128,17 +143,20 @@ def run(args: argparse.Namespace) -> int:
     transpose = list(args.transpose) + (list(name_map.transpose) if name_map is not None else [])
     if transpose and fmt == "npz":
         raise UsageError("--transpose applies to safetensors output")
+    _refuse_overwrite(args, fmt)
     t0 = time.monotonic()
     kw: dict[str, Any] = {"dtype": args.dtype, "rename": _renamer(args, name_map), "item": args.item,
                           "step": args.step, "storage_options": storage_options(args)}
-    with warnings.catch_warnings(record=True) as caught, value_errors_as_usage():
+    with warnings.catch_warnings(record=True) as caught, value_errors_as_usage(), \
+            progress_callback(args, "export") as progress:
         warnings.simplefilter("always", UncommittedStepWarning)
         if fmt == "npz":
-            names = export_npz(args.url, args.out, compress=args.compress, **kw)
+            names = export_npz(args.url, args.out, compress=args.compress, progress=progress, **kw)
         else:
             shard = args.max_shard_size if args.max_shard_size is not None else (
                 "5GB" if fmt == "safetensors-dir" else None)
-            names = export_safetensors(args.url, args.out, max_shard_size=shard, transpose=transpose or None, **kw)
+            names = export_safetensors(args.url, args.out, max_shard_size=shard, transpose=transpose or None,
+                                       progress=progress, **kw)
     notes = [str(w.message) for w in caught]
     if not args.quiet:
         for note in notes:

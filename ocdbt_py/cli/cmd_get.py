@@ -9,7 +9,7 @@ import sys
 from ocdbt_py.cli.errors import CliError, UsageError
 from ocdbt_py.cli.locate import open_database
 from ocdbt_py.cli.options import add_location, add_version
-from ocdbt_py.cli.output import key_json, print_json
+from ocdbt_py.cli.output import check_overwrite, key_json, print_json
 from ocdbt_py.keys import escape_key, parse_hex_key, unescape_key
 
 
@@ -31,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="KEY uses the \\xNN and \\\\ escapes that ls prints")
     p.add_argument("-o", "--output", metavar="FILE", default=None,
                    help="write to FILE instead of stdout ('-' for stdout)")
+    p.add_argument("--force", action="store_true", help="replace FILE if it exists")
     add_version(p)
     p.set_defaults(func=run)
 
@@ -56,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     key = parse_key(args)
     if args.json and args.output not in (None, "-"):
         raise UsageError("--json prints the value (base64) on stdout: drop -o FILE, or drop --json to write raw bytes")
+    if args.output not in (None, "-"):
+        check_overwrite(args.output, args.force)
     db = open_database(args)
     value = db.get(key)
     if value is None:

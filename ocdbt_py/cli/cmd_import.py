@@ -11,8 +11,9 @@ import sys
 import time
 from typing import Any
 
-from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
-from ocdbt_py.cli.options import add_location, name_map_arg, parse_storage_option, storage_options
+from ocdbt_py.cli.errors import CliError, UsageError, value_errors_as_usage
+from ocdbt_py.cli.inspect_args import progress_callback
+from ocdbt_py.cli.options import add_location, add_progress, name_map_arg, parse_storage_option, storage_options
 from ocdbt_py.cli.output import print_json
 from ocdbt_py.units import parse_size
 
@@ -29,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "chunks, as Orbax writes by default). Dotted tensor names become nested dicts; one tensor is in "
         "memory at a time.",
     )
-    add_location(p, metavar="SRC",
+    add_location(p, metavar="SRC", file_ok=True,
                  help="a .safetensors file, a *.safetensors.index.json, or a directory holding either "
                  "(local path or fsspec URL; -S options apply to it)")
     add_location(p, dest="dst", metavar="DST", must_exist=False,
@@ -44,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--force", action="store_true", help="replace an existing checkpoint at DST")
     p.add_argument("--dst-option", metavar="K=V", action="append", default=[], type=parse_storage_option,
                    help="fsspec storage option for DST (repeatable; -S applies to the source)")
+    add_progress(p)
     p.set_defaults(func=run)
 
 
@@ -62,12 +64,18 @@ def run(args: argparse.Namespace) -> int:
     if name_map is not None and name_map.transpose:
         raise UsageError(f"--map {args.map}: 'transpose' applies to export only")
     dst_opts: dict[str, Any] | None = dict(args.dst_option) or None
+    # with the engine (heavy): the error a refused overwrite raises
+    from ocdbt_py.checkpoint.saving.atomic import CheckpointExistsError
+
     t0 = time.monotonic()
-    with value_errors_as_usage():
-        names = import_safetensors(args.url, args.dst, rename=name_map, use_zarr3=args.zarr3,
-                                   chunk_byte_size=chunk, use_compression=not args.no_compression,
-                                   force=args.force, storage_options=storage_options(args),
-                                   dst_storage_options=dst_opts)
+    try:
+        with value_errors_as_usage(), progress_callback(args, "import") as progress:
+            names = import_safetensors(args.url, args.dst, rename=name_map, use_zarr3=args.zarr3,
+                                       chunk_byte_size=chunk, use_compression=not args.no_compression,
+                                       force=args.force, storage_options=storage_options(args),
+                                       dst_storage_options=dst_opts, progress=progress)
+    except CheckpointExistsError as e:
+        raise CliError(f"{args.dst} already exists: pass --force to replace it") from e
     seconds = time.monotonic() - t0
     if args.json:
         print_json({"tensors": len(names), "names": names, "checkpoint": args.dst, "seconds": seconds})

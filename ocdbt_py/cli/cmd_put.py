@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ocdbt_py.cli.cmd_get import parse_key
 from ocdbt_py.cli.errors import UsageError
 from ocdbt_py.cli.locate import normalize_url, open_kvstore_checked, require_location
 from ocdbt_py.cli.options import add_json, add_location, storage_options
-from ocdbt_py.cli.output import print_json
+from ocdbt_py.cli.output import human_bytes, key_json, print_json
 from ocdbt_py.errors import NotFoundError, OcdbtError
+from ocdbt_py.keys import escape_key
 
 
 def add_key(p: argparse.ArgumentParser, nargs: str | None = None) -> None:
@@ -76,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "put",
         help="set one key (one commit)",
         description="Set KEY to VALUE (UTF-8 text), or to the bytes of FILE with -i ('-' reads "
-        "stdin), as one new generation. Prints the generation.",
+        "stdin), as one new generation. Prints what was written and the new generation.",
     )
     add_location(p, must_exist=False)  # --create may make it
     add_key(p)
@@ -96,20 +98,25 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give exactly one of VALUE or -i FILE")
     (key,) = parse_keys(args, [args.key])
     db = open_writable(args)
+    size: int | None = None  # unknown for stdin
     if args.input is None:
-        gen = db.put(key, str(args.value).encode("utf-8", "surrogateescape"))
+        value = str(args.value).encode("utf-8", "surrogateescape")
+        size = len(value)
+        gen = db.put(key, value)
     elif args.input == "-":
         gen = db.put(key, sys.stdin.buffer)
     else:
         try:
             with open(args.input, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
                 gen = db.put(key, f)
         except OSError as e:
             if isinstance(e, OcdbtError):
                 raise
             raise UsageError(f"cannot read {args.input}: {e.strerror or e}") from None
     if args.json:
-        print_json({"generation": gen})
+        print_json({"generation": gen, **key_json(key), "length": size, "url": args.url})
     else:
-        print(gen)
+        length = "" if size is None else f" ({human_bytes(size)})"
+        print(f"put '{escape_key(key)}'{length} into {args.url}: generation {gen}")
     return 0

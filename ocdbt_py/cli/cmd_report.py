@@ -10,7 +10,7 @@ import sys
 from ocdbt_py.cli.errors import UsageError, value_errors_as_usage
 from ocdbt_py.cli.inspect_args import add_inspect_common, check_workers, progress_callback
 from ocdbt_py.cli.options import add_location, storage_options
-from ocdbt_py.cli.output import print_json
+from ocdbt_py.cli.output import check_overwrite, human_bytes, print_json
 
 __all__ = ["register", "run"]
 
@@ -27,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     add_location(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="HTML file to write")
+    p.add_argument("--force", action="store_true", help="replace FILE if it exists")
     add_inspect_common(p)
     p.set_defaults(func=run)
 
@@ -41,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     parent = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(parent):
         raise UsageError(f"cannot write {args.output}: directory {parent} does not exist")
+    check_overwrite(args.output, args.force)
     with value_errors_as_usage(), progress_callback(args, "report") as progress:
         data = report(args.url, args.output, step=args.step, storage_options=storage_options(args),
                       include=args.include or None, workers=args.workers, progress=progress)
@@ -48,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"output": args.output, "tensors": len(data.stats), "nonfinite_tensors": nbad,
                     "step": data.step})
-    elif not args.quiet:
-        sys.stderr.write(f"wrote {args.output}: {len(data.stats)} tensors, {nbad} with NaN/Inf\n")
+    else:  # the result, on stdout like every command's
+        size = human_bytes(os.path.getsize(args.output))
+        sys.stdout.write(f"wrote {args.output} ({size}): {len(data.stats)} tensors, {nbad} with NaN or Inf\n")
     return 0

@@ -7,7 +7,8 @@ import argparse
 from ocdbt_py.cli.cmd_put import add_key, add_writer_options, open_writable, parse_keys
 from ocdbt_py.cli.errors import UsageError
 from ocdbt_py.cli.options import add_json, add_location
-from ocdbt_py.cli.output import print_json
+from ocdbt_py.cli.output import key_json, print_json
+from ocdbt_py.keys import escape_key
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -17,8 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="delete keys (one commit)",
         description="Delete the given KEYs, and/or every key starting with --prefix, and/or "
         "every key in [--start, --stop), all in one new generation. Deleting an absent key "
-        "is not an error (it still makes a generation, as in TensorStore). Prints the "
-        "generation.",
+        "is not an error (it still makes a generation, as in TensorStore). Prints what was "
+        "deleted and the new generation.",
     )
     add_location(p)
     add_key(p, nargs="*")
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     start = None if args.start is None else parse_keys(args, [args.start])[0]
     stop = None if args.stop is None else parse_keys(args, [args.stop])[0]
     db = open_writable(args)
+    before = db.generation
     with db.transaction() as t:
         for k in keys:
             t.delete(k)
@@ -54,7 +56,25 @@ def run(args: argparse.Namespace) -> int:
             t.delete_range(start, stop)
     gen = t.generation
     if args.json:
-        print_json({"generation": gen})
+        print_json({"generation": gen, "url": args.url, "keys": [key_json(k) for k in keys],
+                    "prefix": None if prefix is None else escape_key(prefix, ascii_only=False),
+                    "start": None if start is None else escape_key(start, ascii_only=False),
+                    "stop": None if stop is None else escape_key(stop, ascii_only=False)})
+    elif gen == before:
+        print(f"nothing to delete ({_what(keys, prefix, start, stop)}) in {args.url}: no new generation, the "
+              f"latest is still {gen}")
     else:
-        print(gen)
+        print(f"deleted {_what(keys, prefix, start, stop)} in {args.url}: generation {gen}")
     return 0
+
+
+def _what(keys: list[bytes], prefix: bytes | None, start: bytes | None, stop: bytes | None) -> str:
+    """``2 keys, every key under 'p/' and keys from 'a' to 'b'`` (what was asked to go)."""
+    parts = []
+    if keys:
+        parts.append(f"'{escape_key(keys[0])}'" if len(keys) == 1 else f"{len(keys)} keys")
+    if prefix is not None:
+        parts.append(f"every key under '{escape_key(prefix)}'")
+    if start is not None:
+        parts.append(f"keys from '{escape_key(start)}'" + ("" if stop is None else f" up to '{escape_key(stop)}'"))
+    return ", ".join(parts)

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def run(args: argparse.Namespace) -> int:
     """Print the statistics."""
     # heavy (numpy, the store, codecs): imported when the command runs, so `ocdbt --help` stays fast
-    from ocdbt_py.inspect.stats import stats
+    from ocdbt_py.inspect.stats import checksum_summary, stats
 
     check_workers(args)
     with value_errors_as_usage(), progress_callback(args, "stats") as progress:
@@ -53,4 +53,5 @@ def run(args: argparse.Namespace) -> int:
                 (False, False, False, False, True, True, True, True, True, True, True))
     if not bad:
         stream.write(f"{len(result)} tensor{'' if len(result) == 1 else 's'}, no NaN or Inf\n")
+    stream.write(checksum_summary(result.values()) + "\n")
     return 0

@@ -44,6 +44,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--max-problems must be at least 1")
     with Progress("verifying", enabled=progress_enabled(args)) as bar:
         def progress(r: VerifyReport) -> None:
+            if r.data is not None:  # the --data pass
+                d = r.data
+                bar.update(d.chunks, d.chunks_expected,
+                           f"{d.chunks}/{d.chunks_expected} chunks decoded, {human_bytes(d.chunk_bytes)}")
+                return
             bar.update(r.versions, r.versions_expected,
                        f"{r.versions}/{r.versions_expected} versions, {r.nodes} nodes, "
                        f"{human_bytes(r.bytes_checked)}")

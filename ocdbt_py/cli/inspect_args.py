@@ -9,15 +9,16 @@ from collections.abc import Callable, Iterator
 
 from ocdbt_py.cli import progress
 from ocdbt_py.cli.errors import UsageError
-from ocdbt_py.cli.options import add_json, add_quiet
+from ocdbt_py.cli.options import add_json, add_progress, add_quiet
 from ocdbt_py.cli.output import human_bytes
 
 __all__ = ["add_inspect_common", "progress_callback", "check_workers", "fmt_num", "fmt_shape"]
 
 
 def add_inspect_common(p: argparse.ArgumentParser, *, step: bool = True, include: bool = True,
-                       workers: bool = True) -> None:
-    """``--step``, ``--include GLOB``, ``--workers``, ``--quiet`` and ``--json``."""
+                       workers: bool = True, progress: bool = True) -> None:
+    """``--step``, ``--include GLOB``, ``--workers``, ``--quiet``, ``--json`` and (for commands
+    that read every chunk) ``--progress/--no-progress``."""
     if step:
         p.add_argument("--step", type=int, default=None, metavar="N",
                        help="step of a CheckpointManager root (default: the latest)")
@@ -29,13 +30,15 @@ def add_inspect_common(p: argparse.ArgumentParser, *, step: bool = True, include
                        help="decoding threads (default: CPU count)")
     add_quiet(p)  # both already there when add_location came first: added once
     add_json(p)
+    if progress:
+        add_progress(p)
 
 
 @contextlib.contextmanager
 def progress_callback(args: argparse.Namespace, label: str) -> Iterator[Callable[[int, int], None] | None]:
-    """A ``progress(done_bytes, total_bytes)`` drawing a bar on stderr when it is a terminal
-    (and not ``--quiet``); ``None`` otherwise."""
-    if getattr(args, "quiet", False) or not progress.want_progress(None):
+    """A ``progress(done_bytes, total_bytes)`` drawing a bar on stderr (``--progress``, or by
+    default when stderr is a terminal; never with ``--quiet``); ``None`` otherwise."""
+    if not progress.progress_enabled(args):
         yield None
         return
     with progress.Progress(label, enabled=True) as bar:

@@ -38,6 +38,7 @@ __all__ = [
     "check_locations",
     "require_location",
     "missing",
+    "not_a_database",
     "with_deadline",
 ]
 
@@ -172,39 +173,50 @@ def with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
     return box["value"]  # type: ignore[no-any-return]
 
 
-def _remote_exists(url: str, args: argparse.Namespace) -> bool:
+def _remote_kind(url: str, args: argparse.Namespace) -> str | None:
+    """``"dir"`` (a database, or a directory with something in it), ``"file"`` or ``None``."""
     opts = storage_options(args, url)
     kv = open_kvstore(url, opts, read_only=True)
     if kv.exists(_MANIFEST) or next(iter(kv.list("")), None) is not None:
-        return True  # a database, or a directory with something in it
+        return "dir"
     parent, _, name = url.rstrip("/").rpartition("/")
     if not name or parent.endswith(":/") or parent.endswith(":"):
-        return False  # a bucket's root
-    return open_kvstore(parent, opts, read_only=True).exists(name)  # a single file (import's SRC)
+        return None  # a bucket's root
+    return "file" if open_kvstore(parent, opts, read_only=True).exists(name) else None
+
+
+def not_a_database(url: str) -> CliError:
+    """The one error for a plain file given where a database or checkpoint is expected."""
+    return CliError(f"{url} is a file, not a database or checkpoint: give the directory that holds "
+                    f"{_MANIFEST}, or a checkpoint item, step or root directory")
 
 
 def _local_path(url: str) -> str:
     return url[len("file://"):] if url.startswith("file://") else url
 
 
-def require_location(args: argparse.Namespace, dest: str = "url", fix: str = "") -> None:
-    """Raise :func:`missing` (with ``fix``) unless the location ``args.<dest>`` exists; on
-    object stores, the answer must come within ``args.timeout`` seconds."""
+def require_location(args: argparse.Namespace, dest: str = "url", fix: str = "", file_ok: bool = False) -> None:
+    """Raise :func:`missing` (with ``fix``) unless the location ``args.<dest>`` exists, and
+    :func:`not_a_database` when it is a plain file (unless ``file_ok``); on object stores, the
+    answer must come within ``args.timeout`` seconds."""
     url = getattr(args, dest, None)
     if not isinstance(url, str):
         return
     loc = normalize_url(url)
     if is_remote(loc):
         timeout = getattr(args, "timeout", DEFAULT_TIMEOUT)
-        found = with_deadline(lambda: _remote_exists(loc, args), timeout, url)
+        kind = with_deadline(lambda: _remote_kind(loc, args), timeout, url)
     else:
-        found = os.path.exists(_local_path(loc))
-    if not found:
+        path = _local_path(loc)
+        kind = "file" if os.path.isfile(path) else "dir" if os.path.exists(path) else None
+    if kind is None:
         raise missing(url, fix)
+    if kind == "file" and not file_ok:
+        raise not_a_database(url)
 
 
 def check_locations(args: argparse.Namespace) -> None:
     """:func:`require_location` for every location of the command declared ``must_exist``."""
-    for dest, must_exist in getattr(args, LOCATIONS, None) or []:
+    for dest, must_exist, *rest in getattr(args, LOCATIONS, None) or []:
         if must_exist:
-            require_location(args, dest)
+            require_location(args, dest, file_ok=bool(rest and rest[0]))

@@ -53,7 +53,7 @@ __all__ = [
 #: Seconds an object store may take to answer an interactive command (``--timeout``).
 DEFAULT_TIMEOUT = 10.0
 
-#: Name of the parser default holding ``[(dest, must_exist), ...]`` of a command's locations.
+#: Name of the parser default holding ``[(dest, must_exist, file_ok), ...]`` of a command's locations.
 LOCATIONS = "_locations"
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
@@ -94,13 +94,16 @@ def add_location(
     help: str | None = None,
     must_exist: bool = True,
     optional: bool = False,
+    file_ok: bool = False,
 ) -> None:
     """A positional location argument, plus (once per parser) ``-S``, ``--timeout``,
     ``--json``, ``--quiet`` and ``--debug``.
 
     ``must_exist``: the application reports a missing location before the command runs
     (use ``False`` for an output location or one that ``--create`` may make).  ``optional``:
-    the argument may be left out (``nargs="?"``, default ``None``).
+    the argument may be left out (``nargs="?"``, default ``None``).  ``file_ok``: the location
+    may be a single file (``import``'s SRC); otherwise a plain file there is "not a database or
+    checkpoint".
     """
     text = help or ("a local path or any fsspec URL (s3://, gs://, az://, ...): a database, "
                     "an Orbax checkpoint item, step or manager root")
@@ -109,7 +112,7 @@ def add_location(
     else:
         parser.add_argument(dest, metavar=metavar, help=text)
     locations = list(parser.get_default(LOCATIONS) or [])
-    locations.append((dest, must_exist))
+    locations.append((dest, must_exist, file_ok))
     parser.set_defaults(**{LOCATIONS: locations})
     if not _has_option(parser, "--storage-option"):
         parser.add_argument(
@@ -138,7 +141,10 @@ def add_version(parser: argparse._ActionsContainer, help: str | None = None) -> 
 
 
 def add_progress(parser: argparse.ArgumentParser) -> None:
-    """``--progress`` / ``--no-progress`` (default: a progress line when stderr is a terminal)."""
+    """``--progress`` / ``--no-progress`` (default: a progress line when stderr is a terminal;
+    added once)."""
+    if _has_option(parser, "--progress"):
+        return
     parser.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None,
         help="show a progress line on stderr (default: when stderr is a terminal and not --quiet)",

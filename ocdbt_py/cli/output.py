@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
+from ocdbt_py.cli.errors import CliError
 from ocdbt_py.keys import escape_key
 from ocdbt_py.units import human_bytes
 
@@ -21,6 +23,7 @@ __all__ = [
     "ref_json",
     "ref_text",
     "key_json",
+    "check_overwrite",
 ]
 
 
@@ -70,3 +73,10 @@ def ref_json(ref: IndirectDataReference | None) -> dict[str, Any] | None:
 def key_json(key: bytes) -> dict[str, str]:
     """``{"key": escaped text, "key_hex": hex}`` for a key."""
     return {"key": escape_key(key, ascii_only=False), "key_hex": key.hex()}
+
+
+def check_overwrite(path: str, force: bool) -> None:
+    """The one overwrite rule of every command that writes a file: an existing ``path`` is an
+    error unless ``--force`` was given."""
+    if not force and os.path.lexists(path):
+        raise CliError(f"{path} already exists: pass --force to replace it")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,8 +33,9 @@ from ocdbt_py.inspect.source import (
     run_chunks,
     task_bytes,
 )
+from ocdbt_py.maintenance.verify_data import NO_CHECKSUM
 
-__all__ = ["Moments", "TensorStats", "stats", "checkpoint_stats", "chunk_moments", "run_moments"]
+__all__ = ["Moments", "TensorStats", "stats", "checkpoint_stats", "chunk_moments", "run_moments", "checksum_summary"]
 
 
 @dataclasses.dataclass
@@ -151,6 +152,8 @@ class TensorStats:
     zeros: int
     size: int
     histogram: list[int] | None = None
+    #: whether every stored chunk carries a checksum checked on decode (``None``: no stored chunk)
+    checksummed: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object ``ocdbt stats --json`` prints for this tensor."""
@@ -158,7 +161,7 @@ class TensorStats:
         for k in ("min", "max", "mean", "std"):
             v = getattr(self, k)
             d[k] = None if v is None or not math.isfinite(v) else v
-        d.update(nan=self.nan, inf=self.inf, zeros=self.zeros, size=self.size)
+        d.update(nan=self.nan, inf=self.inf, zeros=self.zeros, size=self.size, checksummed=self.checksummed)
         if self.histogram is not None:
             d["histogram"] = {"lo": d["min"], "hi": d["max"], "counts": self.histogram}
         return d
@@ -169,12 +172,19 @@ class TensorStats:
         return bool(self.nan or self.inf)
 
 
-def _finish(t: Tensor, m: Moments, hist: bool) -> TensorStats:
+def _finish(t: Tensor, m: Moments, hist: bool, sums: list[int]) -> TensorStats:
     has = m.n > 0
     h = histogram.merge(m.pieces, m.lo, m.hi) if hist and has else None
     return TensorStats(t.name, t.shape, t.dtype.name, m.lo if has else None, m.hi if has else None,
                        m.mean if has else None, math.sqrt(max(m.m2, 0.0) / m.n) if has else None,
-                       m.nan, m.inf, m.zeros, m.size, h)
+                       m.nan, m.inf, m.zeros, m.size, h, None if not sums[1] else sums[0] == sums[1])
+
+
+def _carries_checksum(u: ChunkUnit, raw: Any) -> int | None:
+    """1 or 0 for a stored chunk (whether it carries a checksum), ``None`` for no stored chunk."""
+    if raw is None or u.tensor.item is None:
+        return None
+    return int(u.tensor.zarr().chain.carries_checksum(raw))
 
 
 def checkpoint_stats(ck: Checkpoint, *, hist: bool = False, workers: int | None = None,
@@ -186,16 +196,19 @@ def checkpoint_stats(ck: Checkpoint, *, hist: bool = False, workers: int | None 
     done = [0]
     scratch = Scratch()
 
-    def task(units: list[ChunkUnit]) -> list[tuple[str, Moments]]:
+    sums = {t.name: [0, 0] for t in ck.tensors}  # [checksummed chunks, stored chunks]
+
+    def task(units: list[ChunkUnit]) -> list[tuple[str, Moments, int | None]]:
         raws = fetch_raw(units)
         out = []
         try:
             for i, u in enumerate(units):
                 if u.fill:  # absent chunks of a large grid: one run of the fill value
-                    out.append((u.tensor.name, run_moments(fill_scalar(u.tensor), u.fill, hist=hist)))
+                    out.append((u.tensor.name, run_moments(fill_scalar(u.tensor), u.fill, hist=hist), None))
                     continue
+                summed = _carries_checksum(u, raws.values[i])
                 a = decode(u, raws.values[i], scratch)  # or a view of the stored bytes (no codec)
-                out.append((u.tensor.name, chunk_moments(a, hist=hist)))
+                out.append((u.tensor.name, chunk_moments(a, hist=hist), summed))
                 del a
                 raws.release(i)  # the buffer goes back as soon as the chunk is reduced
         finally:
@@ -210,9 +223,26 @@ def checkpoint_stats(ck: Checkpoint, *, hist: bool = False, workers: int | None 
     units = (u for t in ck.tensors for u in chunk_units(t, runs=True))
     nworkers = workers or default_workers(ck.remote)
     for res in run_chunks(group_units(units), task, workers=nworkers, progress=step, weight=task_bytes):
-        for name, m in res:
+        for name, m, summed in res:
             acc[name].add(m)
-    return {t.name: _finish(t, acc[t.name], hist) for t in ck.tensors}
+            if summed is not None:
+                sums[name][0] += summed
+                sums[name][1] += 1
+    return {t.name: _finish(t, acc[t.name], hist, sums[t.name]) for t in ck.tensors}
+
+
+def checksum_summary(result: Iterable[TensorStats]) -> str:
+    """One line: whether the stored values of these tensors carry checksums checked on read."""
+    stored = [t for t in result if t.checksummed is not None]
+    summed = sum(1 for t in stored if t.checksummed)
+    if not stored:
+        return "values checksummed: no stored chunks"
+    if summed == len(stored):
+        return "values checksummed: every stored chunk carries a checksum, checked on read"
+    if summed == 0:
+        return NO_CHECKSUM + " (save with checksum=True to add them)"
+    return (f"{len(stored) - summed} of {len(stored)} tensors have chunks without a checksum: a change that "
+            "still decodes cannot be detected there")
 
 
 def stats(path: PathLike, *, include: Sequence[str] | None = None, step: int | None = None,

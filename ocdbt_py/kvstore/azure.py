@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 from ocdbt_py.errors import ConditionFailedError, StorageError
+from ocdbt_py.kvstore.credentials import credentials_hint
 from ocdbt_py.kvstore.object_store import ObjectStore, _secret_strings, redact
 
 __all__ = ["AzureStore"]
@@ -56,14 +57,15 @@ class AzureStore(ObjectStore):
             import adlfs  # noqa: F401
             import fsspec.core
         except ImportError as e:
-            raise StorageError(f"cannot open {url}: adlfs is not installed (pip install adlfs)") from e
+            raise StorageError(f"cannot open {url}: adlfs is not installed (pip install 'ocdbt-py[azure]')") from e
         try:
             fs, root = fsspec.core.url_to_fs(url, **opts)
         except (ImportError, ValueError, TypeError) as e:
-            raise StorageError(f"cannot open {url}: {e}") from e
+            raise StorageError(f"cannot open {url}: {credentials_hint(url, e) or e}") from e
         except Exception as e:  # azure's own configuration errors
+            hint = credentials_hint(url, e)
             raise StorageError(
-                redact_for(storage_options, f"cannot open {url}: {type(e).__name__}: {e}")
+                redact_for(storage_options, f"cannot open {url}: {hint or f'{type(e).__name__}: {e}'}")
             ) from e
         endpoint = _endpoint_of(opts)
         store = cls(

@@ -18,6 +18,7 @@ from ocdbt_py.kvstore.base import (
     normalize_request,
 )
 from ocdbt_py.kvstore.coalesce import coalesced_get_many
+from ocdbt_py.kvstore.credentials import storage_failure
 from ocdbt_py.kvstore.keys import validate_key, validate_prefix
 from ocdbt_py.kvstore.local import open_beneath, open_dir_beneath, symlink_error
 
@@ -72,6 +73,11 @@ def local_target(fs: Any, root: str) -> tuple[str, bool] | None:
             return None
         plain = False
     return None
+
+
+#: The extra that installs the fsspec backend of a URL scheme (``pip install 'ocdbt-py[EXTRA]'``).
+_SCHEME_EXTRAS = {"http": "http", "https": "http", "s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs",
+                  "az": "azure", "abfs": "azure", "abfss": "azure"}
 
 
 def _dir_root(fs: Any, root: str) -> str:
@@ -141,7 +147,13 @@ class FsspecStore(KvStore):
 
         try:
             fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
-        except (ImportError, ValueError) as e:
+        except ImportError as e:
+            scheme = url.split("://", 1)[0].rsplit("::", 1)[-1].lower() if "://" in url else ""
+            extra = _SCHEME_EXTRAS.get(scheme)
+            hint = f"pip install 'ocdbt-py[{extra}]'" if extra else "install the fsspec backend it names"
+            raise StorageError(f"cannot open {url}: the {scheme or 'fsspec'} backend needs an optional package "
+                               f"that is not installed ({hint}; fsspec says: {e})") from e
+        except ValueError as e:
             raise StorageError(f"cannot open {url}: {e}") from e
         return cls(fs, _dir_root(fs, root), read_only=read_only)
 
@@ -213,7 +225,7 @@ class FsspecStore(KvStore):
         return bool(self._protocols & {"file", "local"})
 
     def _fail(self, what: str, key: str, exc: BaseException) -> StorageError:
-        return StorageError(f"{what} {self.url}/{key} failed: {type(exc).__name__}: {exc}")
+        return storage_failure(what, f"{self.url}/{key}", exc)
 
     # -- reading -------------------------------------------------------------------------
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:

@@ -57,7 +57,7 @@ class GcsStore(ObjectStore):
             import fsspec
             import gcsfs.core
         except ImportError as e:
-            raise StorageError(f"cannot open {url}: gcsfs is not installed (pip install gcsfs)") from e
+            raise StorageError(f"cannot open {url}: gcsfs is not installed (pip install 'ocdbt-py[gcs]')") from e
         emulator = os.environ.get("STORAGE_EMULATOR_HOST") or ""
         endpoint = opts.get("endpoint_url") or emulator
         if emulator and not opts.get("endpoint_url"):

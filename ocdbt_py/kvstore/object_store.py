@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 from ocdbt_py.errors import ConditionFailedError, InvalidKeyError, OcdbtError, StorageError, UnsupportedError
 from ocdbt_py.kvstore.base import ByteRange, check_range
+from ocdbt_py.kvstore.credentials import storage_failure
 from ocdbt_py.kvstore.fsspec_store import FsspecStore
 
 __all__ = ["ObjectStore", "redact", "OUR_OPTIONS"]
@@ -139,8 +140,7 @@ class ObjectStore(FsspecStore, abc.ABC):
         return redact(text, self._secrets)
 
     def _fail(self, what: str, key: str, exc: BaseException) -> StorageError:
-        msg = f"{what} {self.url}/{key} failed: {type(exc).__name__}: {exc}"
-        return StorageError(self._redact(msg))
+        return storage_failure(what, f"{self.url}/{key}", exc, self._redact)
 
     def _condition_failed(self, key: str, if_generation: str | None) -> ConditionFailedError:
         want = "absent" if if_generation is None else f"at generation {if_generation}"

@@ -49,6 +49,7 @@ from ocdbt_py.errors import (
 )
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, check_range, normalize_request
 from ocdbt_py.kvstore.coalesce import coalesced_get_many
+from ocdbt_py.kvstore.credentials import storage_failure
 from ocdbt_py.kvstore.futures import all_done
 from ocdbt_py.kvstore.keys import validate_key, validate_prefix
 from ocdbt_py.kvstore.object_store import redact
@@ -153,7 +154,7 @@ class ObstoreStore(KvStore):
 
     # -- plumbing ------------------------------------------------------------------------------
     def _fail(self, what: str, key: str, exc: BaseException) -> StorageError:
-        return StorageError(redact(f"{what} {self._url}/{key} failed: {type(exc).__name__}: {exc}", self._secrets))
+        return storage_failure(what, f"{self._url}/{key}", exc, lambda text: redact(text, self._secrets))
 
     def _check_writable(self) -> None:
         if self.read_only:

@@ -71,7 +71,7 @@ class S3Store(ObjectStore):
             import fsspec.core
             import s3fs  # noqa: F401
         except ImportError as e:
-            raise StorageError(f"cannot open {url}: s3fs is not installed (pip install s3fs)") from e
+            raise StorageError(f"cannot open {url}: s3fs is not installed (pip install 'ocdbt-py[s3]')") from e
         # botocore keeps 10 connections by default: too few for batch reads over latency
         config = dict(opts.get("config_kwargs") or {})
         config.setdefault("max_pool_connections", cls.max_concurrency)

@@ -140,6 +140,7 @@ class VerifyReport:
         out["data"] = None if self.data is None else self.data.to_json()
         out["ok"] = self.ok
         out["bytes_checked"] = self.bytes_checked
+        out["values_checksummed"] = None if self.data is None else self.data.values_checksummed
         return out
 
     def summary(self) -> str:
@@ -156,8 +157,11 @@ class VerifyReport:
     def format(self) -> str:
         """A human-readable multi-line report."""
         lines = []
-        if not self.problems:
+        if self.ok:
             lines.append(f"OK: {self.url}")
+        elif not self.problems and self.data is not None:  # the structure is sound, some values are not
+            n = len(self.data.problems)
+            lines.append(f"FAILED: {self.url}: {n} chunk{' does' if n == 1 else 's do'} not decode")
         else:
             more = "" if self.complete else f" (stopped after the first {len(self.problems)})"
             n = len(self.problems)
@@ -624,5 +628,11 @@ def verify(
         sys.setrecursionlimit(limit)
     if data and not report.problems:
         target = db_or_url if isinstance(db_or_url, OcdbtStore) else OcdbtStore(kv)
-        report.data = verify_data(target, max_problems=max_problems)
+
+        def data_progress(d: DataReport) -> None:
+            report.data = d
+            if progress is not None:
+                progress(report)
+
+        report.data = verify_data(target, max_problems=max_problems, progress=data_progress)
     return report

@@ -5,9 +5,10 @@ carry CRC-32C checksums); the chunk values inside are opaque to it.  This pass f
 Zarr array (a ``.zarray`` or ``zarr.json`` key, as Orbax checkpoints and zarr3 write them),
 then fetches and decodes each stored chunk with the array's codecs.  A chunk that fails to
 decode -- a bad zstd frame or frame checksum, a ``crc32c`` codec mismatch, a wrong decoded
-size, a broken shard index -- is reported by key.  Chunks written with checksums
+size, a broken shard index -- is reported by array and chunk.  Chunks written with checksums
 (``checkpoint.save(checksum=True)``) turn any flipped byte into such a failure; chunks
-without one are only caught when the damage breaks their structure.
+without one (Orbax's default) are only caught when the damage breaks their structure, and the
+report says how many chunks carried a checksum (``values_checksummed``).
 
 >>> from ocdbt_py.maintenance.verify_data import verify_data
 >>> report = verify_data("/path/to/checkpoint/item")      # doctest: +SKIP
@@ -26,8 +27,9 @@ from ocdbt_py.errors import OcdbtError
 from ocdbt_py.kvstore.prefixed import PrefixStore
 from ocdbt_py.store import OcdbtStore
 from ocdbt_py.store import open as open_db
+from ocdbt_py.units import human_bytes
 
-__all__ = ["verify_data", "DataReport", "ChunkProblem"]
+__all__ = ["verify_data", "DataReport", "ChunkProblem", "NO_CHECKSUM", "checksum_note"]
 
 _METADATA_NAMES = (".zarray", "zarr.json")
 _NOT_CHUNKS = frozenset({".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"})
@@ -44,7 +46,23 @@ class ChunkProblem:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.key}: {self.message}"
+        prefix = "" if self.array == "/" else self.array + "/"
+        chunk = self.key[len(prefix):] if prefix and self.key.startswith(prefix) else self.key
+        return f"array {self.array}, chunk {chunk}: {self.message}"
+
+
+#: What a report says when stored values carry no checksum (``verify --data``, ``stats``, ``info``).
+NO_CHECKSUM = "values carry no checksum: a change that still decodes cannot be detected"
+
+
+def checksum_note(checksummed: int, chunks: int) -> str:
+    """One line on how many of ``chunks`` stored chunks carry a checksum (``chunks`` > 0)."""
+    if checksummed == chunks:
+        return "values checksummed: every chunk carries a checksum, checked on decode"
+    if checksummed == 0:
+        return NO_CHECKSUM
+    return (f"{chunks - checksummed} of {chunks} chunks carry no checksum: a change to them that still "
+            "decodes cannot be detected")
 
 
 @dataclasses.dataclass
@@ -54,7 +72,11 @@ class DataReport:
     url: str
     arrays: int = 0
     chunks: int = 0
+    #: chunk keys found (the chunks this pass is about to fetch and decode)
+    chunks_expected: int = 0
     chunk_bytes: int = 0
+    #: chunks whose decoding checked a checksum over their stored bytes
+    checksummed_chunks: int = 0
     problems: list[ChunkProblem] = dataclasses.field(default_factory=list)
     complete: bool = True
 
@@ -63,26 +85,34 @@ class DataReport:
         """True when every chunk decoded (and every array's metadata parsed)."""
         return not self.problems
 
+    @property
+    def values_checksummed(self) -> bool:
+        """True when every decoded chunk carried a checksum (so any changed byte was caught)."""
+        return self.chunks > 0 and self.checksummed_chunks == self.chunks
+
     def to_json(self) -> dict[str, Any]:
         """Plain JSON data."""
         out = dataclasses.asdict(self)
         out["ok"] = self.ok
+        out["values_checksummed"] = self.values_checksummed
         return out
 
     def summary(self) -> str:
         """One line saying what was decoded."""
         return (f"decoded {self.chunks} chunk{'' if self.chunks == 1 else 's'} "
-                f"({self.chunk_bytes} stored bytes) of {self.arrays} array{'' if self.arrays == 1 else 's'}")
+                f"({human_bytes(self.chunk_bytes)} stored) of {self.arrays} array{'' if self.arrays == 1 else 's'}")
 
     def format(self) -> str:
-        """A human-readable multi-line report."""
+        """A human-readable multi-line report (the checksum line says what decoding could catch)."""
+        checked = [checksum_note(self.checksummed_chunks, self.chunks)] if self.chunks else []
         if self.ok:
-            return f"data OK: {self.summary()}"
+            return "\n".join([f"data OK: {self.summary()}", *checked])
         n = len(self.problems)
         more = "" if self.complete else f" (stopped after the first {n})"
-        lines = [f"data FAILED: {n} chunk{'' if n == 1 else 's'} do not decode{more}"]
+        lines = [f"data FAILED: {n} chunk{' does' if n == 1 else 's do'} not decode{more}"]
         lines.extend(f"  {p}" for p in self.problems)
         lines.append(self.summary())
+        lines.extend(checked)
         return "\n".join(lines)
 
 
@@ -136,6 +166,7 @@ def _check_array(db_kv: Any, prefix: str, keys: list[str], report: DataReport, m
                 continue
             report.chunks += 1
             report.chunk_bytes += len(data)
+            report.checksummed_chunks += chain.carries_checksum(data)
             try:
                 chain.check_decodable(data)
                 chain.decode(data)
@@ -172,8 +203,10 @@ def verify_data(
     keys = list(kv.list())
     arrays = _arrays(keys)
     tick = (lambda: progress(report)) if progress is not None else (lambda: None)
+    by_array = _chunk_keys(keys, arrays)
+    report.chunks_expected = sum(len(v) for v in by_array.values())
     try:
-        for prefix, chunk_keys in _chunk_keys(keys, arrays).items():
+        for prefix, chunk_keys in by_array.items():
             _check_array(kv, prefix, chunk_keys, report, max(1, max_problems), tick)
     except _Stop:
         report.complete = False

@@ -102,8 +102,19 @@ def _check_size(kv: KvStore, key: str, data: bytes) -> None:
         raise CorruptionError(f"manifest of {len(data)} bytes is implausibly large", path=f"{kv.url}/{key}")
 
 
-def _not_found(what: str) -> NotFoundError:
-    return NotFoundError(f"version where {what} is not present")
+def _no_generation(manifest: Manifest, generation: int) -> NotFoundError:
+    """Generation ``generation`` is not kept: say which ones are (cheaply, from the manifest)."""
+    versions = manifest.versions
+    if not versions:
+        return NotFoundError(f"no version {generation}: the database has no versions yet")
+    latest = versions[-1].generation_number
+    if manifest.version_nodes:  # older ones live in version-tree nodes: the oldest is not at hand
+        kept = f"versions up to {latest} are kept (some older ones may have been collected)"
+    else:
+        first = versions[0].generation_number
+        kept = f"version {first} is the only one kept" if first == latest else \
+            f"versions {first} to {latest} are kept"
+    return NotFoundError(f"no version {generation}: {kept} (listed by 'ocdbt versions' or OcdbtStore.versions())")
 
 
 def _no_version_at(ns: int) -> NotFoundError:
@@ -115,30 +126,30 @@ def find_generation(reader: NodeReader, manifest: Manifest, generation: int) -> 
     """The generation numbered ``generation``; :class:`NotFoundError` if absent."""
     versions = manifest.versions
     if not versions or generation < 1 or generation > versions[-1].generation_number:
-        raise _not_found(f"generation == {generation}")
+        raise _no_generation(manifest, generation)
     if generation >= versions[0].generation_number:
         gens = [v.generation_number for v in versions]
         i = bisect.bisect_left(gens, generation)
         if i < len(gens) and gens[i] == generation:
             return versions[i]
-        raise _not_found(f"generation == {generation}")
+        raise _no_generation(manifest, generation)
     a = manifest.config.version_tree_arity_log2
     refs: tuple[VersionNodeReference, ...] = manifest.version_nodes
     for _ in range(64):
         ref = next((r for r in refs if r.generation_number >= generation), None)
         if ref is None:
-            raise _not_found(f"generation == {generation}")
+            raise _no_generation(manifest, generation)
         span = 1 << (a * (ref.height + 1))
         first = ref.generation_number - ((ref.generation_number - 1) % span)
         if generation < first:
-            raise _not_found(f"generation == {generation}")
+            raise _no_generation(manifest, generation)
         node = reader.version_node(ref.location, ref.height, ref.generation_number)
         if node.height == 0:
             gens = [v.generation_number for v in node.versions]
             i = bisect.bisect_left(gens, generation)
             if i < len(gens) and gens[i] == generation:
                 return node.versions[i]
-            raise _not_found(f"generation == {generation}")
+            raise _no_generation(manifest, generation)
         refs = node.children
     raise CorruptionError("version tree too deep")
 

@@ -29,7 +29,13 @@ COMMON = ("--json", "-S", "--storage-option", "--quiet", "--debug", "--timeout")
 
 
 def _locations(sub: argparse.ArgumentParser) -> list[tuple[str, bool]]:
-    return list(sub.get_default(LOCATIONS) or [])
+    """``(dest, must_exist)`` of each location the command takes."""
+    return [(loc[0], loc[1]) for loc in sub.get_default(LOCATIONS) or []]
+
+
+def _file_ok(sub: argparse.ArgumentParser) -> set[str]:
+    """The locations that may be a single file (``import``'s SRC)."""
+    return {loc[0] for loc in sub.get_default(LOCATIONS) or [] if len(loc) > 2 and loc[2]}
 
 
 def _positionals(sub: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -209,3 +215,115 @@ def test_a_command_redefining_a_common_option_does_not_break_the_tool() -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="its own")
     args = top.parse_args(["newcmd", "x", "--quiet", "--json"])
     assert args.quiet and args.json and args.url == "x"
+
+
+# -- messages: what is wrong and what to do, one line; results on stdout, notes on stderr ---------
+
+#: Commands that read or write every chunk: each draws a progress bar and takes --progress/--no-progress.
+LONG = {"export", "import", "verify", "stats", "report", "cp"}
+
+
+@pytest.mark.parametrize("name", sorted(LONG))
+def test_long_commands_take_progress(name: str) -> None:
+    sub = COMMANDS[name]
+    assert "--progress" in sub._option_string_actions and "--no-progress" in sub._option_string_actions, name
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_a_plain_file_is_not_a_database_or_checkpoint(name: str, cli: Callable[..., object],
+                                                       tmp_path: Path) -> None:
+    sub = COMMANDS[name]
+    file_ok = _file_ok(sub)
+    locs = [(dest, must) for dest, must in _locations(sub) if must and dest not in file_ok]
+    if not locs:
+        pytest.skip(f"ocdbt {name} takes no location that must be a database or checkpoint")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a checkpoint\n")
+    paths = {dest: str(notes) for dest, _ in _locations(sub)}
+    r = cli(*_argv(name, paths))
+    assert r.status == 1 and r.out == "", (name, r.err)  # type: ignore[attr-defined]
+    assert r.err == (f"ocdbt: error: {notes} is a file, not a database or checkpoint: give the directory "  # type: ignore[attr-defined]
+                     "that holds manifest.ocdbt, or a checkpoint item, step or root directory\n"), r.err  # type: ignore[attr-defined]
+
+
+def test_import_takes_a_file(cli: Callable[..., object], tmp_path: Path) -> None:
+    """SRC of ``import`` is the one location that may be a file: it gets past the check."""
+    notes = tmp_path / "notes.safetensors"
+    notes.write_bytes(b"\x00" * 4)
+    r = cli("import", notes, tmp_path / "out")
+    assert r.status != 0 and "is a file, not a database" not in r.err  # type: ignore[attr-defined]
+
+
+def test_s3_without_credentials_says_how_to_give_them(tmp_path: Path) -> None:
+    pytest.importorskip("s3fs")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+           "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+           "AWS_EC2_METADATA_DISABLED": "true"}
+    p = subprocess.run([sys.executable, "-m", "ocdbt_py.cli", "ls", "s3://bucket/db", "-S",
+                        "endpoint_url=http://127.0.0.1:9", "--timeout", "5"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 1 and p.stdout == "", p.stderr
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "no usable credentials were found" in p.stderr and "-S anon=true" in p.stderr, p.stderr
+    assert "AWS_ACCESS_KEY_ID" in p.stderr and "NoCredentialsError" not in p.stderr, p.stderr
+
+
+def test_a_missing_version_says_which_exist(cli: Callable[..., object], tiny_db: object) -> None:
+    r = cli("ls", tiny_db.root, "--version", "99")  # type: ignore[attr-defined]
+    assert r.status == 1 and r.out == ""  # type: ignore[attr-defined]
+    assert r.err == "ocdbt: error: no version 99: versions 1 to 2 are kept (listed by 'ocdbt versions' or " \
+        "OcdbtStore.versions())\n", r.err  # type: ignore[attr-defined]
+
+
+def test_put_and_rm_say_what_they_did(cli: Callable[..., object], tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    r = cli("put", db, "a/b", "hello", "--create")
+    assert r.status == 0 and r.err == ""  # type: ignore[attr-defined]
+    assert r.out == f"put 'a/b' (5 B) into {db}: generation 2\n", r.out  # type: ignore[attr-defined]
+    doc = json.loads(cli("put", db, "c", "x", "--json").out)  # type: ignore[attr-defined]
+    assert doc["generation"] == 3 and doc["key"] == "c" and doc["length"] == 1
+    r = cli("rm", db, "a/b", "c")
+    assert r.out == f"deleted 2 keys in {db}: generation 4\n", r.out  # type: ignore[attr-defined]
+    r = cli("put", db, "a/c", "x")
+    r = cli("rm", db, "--prefix", "a/")
+    assert r.out == f"deleted every key under 'a/' in {db}: generation 6\n", r.out  # type: ignore[attr-defined]
+    r = cli("rm", db, "--prefix", "a/")
+    assert r.out == f"nothing to delete (every key under 'a/') in {db}: no new generation, the latest is still 6\n", \
+        r.out  # type: ignore[attr-defined]
+
+
+def test_writers_refuse_to_overwrite_without_force(cli: Callable[..., object], tmp_path: Path) -> None:
+    """One rule for every command that writes: existing output needs --force."""
+    d = demo_output(tmp_path)
+    out = tmp_path / "m.npz"
+    runs = {
+        "export": ["export", d / "ckpt", out],
+        "export (shards)": ["export", d / "ckpt", tmp_path / "hf", "--max-shard-size", "5GB"],
+        "get": ["get", d / "db", "greeting", "-o", tmp_path / "value.bin"],
+        "report": ["report", d / "ckpt", "-o", tmp_path / "r.html"],
+        "cp": ["cp", d / "ckpt", tmp_path / "copy"],
+        "import": ["import", tmp_path / "hf", tmp_path / "back"],
+    }
+    for what, argv in runs.items():
+        first = cli(*argv)
+        assert first.status == 0, (what, first.err)  # type: ignore[attr-defined]
+        again = cli(*argv)
+        assert again.status == 1 and "--force" in again.err and again.err.count("\n") == 1, (what, again.err)  # type: ignore[attr-defined]
+        assert "force=True" not in again.err, (what, again.err)  # type: ignore[attr-defined]
+        assert cli(*argv, "--force").status == 0, what  # type: ignore[attr-defined]
+
+
+def test_results_on_stdout_notes_on_stderr(cli: Callable[..., object], tmp_path: Path) -> None:
+    d = demo_output(tmp_path)
+    for argv, starts in (
+        (["export", d / "ckpt", tmp_path / "m.safetensors"], "wrote "),
+        (["report", d / "ckpt", "-o", tmp_path / "r.html"], f"wrote {tmp_path / 'r.html'} ("),
+        (["cp", d / "ckpt", tmp_path / "c2"], "copied "),
+        (["import", tmp_path / "m.safetensors", tmp_path / "back"], "imported "),
+        (["verify", d / "ckpt", "--data"], "OK: "),
+    ):
+        r = cli(*argv, "--no-progress")
+        assert r.status == 0 and r.out.startswith(starts) and r.err == "", (argv, r.out, r.err)  # type: ignore[attr-defined]
+    r = cli("verify", d / "ckpt", "--data", "--progress")  # the bar (and only it) on stderr, erased at the end
+    assert r.status == 0 and r.out.startswith("OK: ") and "\r" not in r.out  # type: ignore[attr-defined]
+    assert "stored bytes" not in r.out and "values carry no checksum" in r.out  # type: ignore[attr-defined]

@@ -4,6 +4,7 @@ errors, table sorting and tree collapsing by clicks)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -60,7 +61,10 @@ def test_item_without_metrics_and_cli(root: Path, tmp_path: Path, cli: Any) -> N
     item = root / "3" / "default"
     out = tmp_path / "item.html"
     r = cli("report", item, "-o", out)
-    assert r.status == 0 and f"wrote {out}" in r.err and "1 with NaN/Inf" not in r.err
+    assert r.status == 0 and r.out.startswith(f"wrote {out} (") and "1 with NaN" not in r.out and r.err == ""
+    again = cli("report", item, "-o", out)  # one overwrite rule: --force replaces
+    assert again.status == 1 and again.err == f"ocdbt: error: {out} already exists: pass --force to replace it\n"
+    assert cli("report", item, "-o", out, "--force").status == 0
     page = out.read_text("utf-8")
     assert 'class="metrics"' not in page and 'id="tree"' in page
     assert cli("report", item, "-o", tmp_path / "no" / "such" / "dir.html").status == 2
@@ -68,9 +72,12 @@ def test_item_without_metrics_and_cli(root: Path, tmp_path: Path, cli: Any) -> N
 
 
 def _chromium() -> str:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    """A Chromium already on this machine (``$CHROMIUM``, or ``chromium``/``chromium-browser`` on
+    PATH); the test set-up installs none, so without one the browser tests skip and say how."""
+    exe = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
-        pytest.skip("Debian's chromium is not installed (the test set-up installs it: apt-get install -y chromium)")
+        pytest.skip("no Chromium on this machine (looked for $CHROMIUM, chromium and chromium-browser on PATH): "
+                    "install one (Debian/Ubuntu: sudo apt-get install chromium) or set CHROMIUM=/path/to/chrome")
     return exe
 
 

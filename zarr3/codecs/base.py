@@ -213,6 +213,13 @@ class BytesBytesCodec(Codec):
         """Exact encoded size for a given decoded size, if fixed (checksums), else ``None``."""
         return None
 
+    def verifies(self, data: Buffer | None) -> bool:
+        """Whether decoding checks a checksum over the stored bytes, so that a changed byte
+        fails instead of decoding to other values.  ``data`` is a stored value when at hand
+        (a codec whose stored values say so themselves, like a zstd frame, looks at it);
+        ``None`` asks about the configuration alone.  The default: no checksum."""
+        return False
+
     @abc.abstractmethod
     def max_encoded_size(self, decoded_size: int) -> int:
         """Upper bound of the encoded size for ``decoded_size`` input bytes."""

@@ -144,6 +144,17 @@ class CodecChain:
         """Upper bound of an encoded chunk's size."""
         return self.bounds[-1]
 
+    def carries_checksum(self, data: Buffer | None = None) -> bool:
+        """Whether decoding the stored chunk ``data`` checks a checksum over its bytes (a
+        ``crc32c`` codec, a numcodecs checksum, a zstd frame with its content checksum; for a
+        shard, the inner chunks' codecs).  Without one, a changed byte that still decodes
+        yields other values unnoticed.  ``data=None`` judges the metadata alone."""
+        for i in range(len(self.bb) - 1, -1, -1):
+            if self.bb[i].verifies(data if i == len(self.bb) - 1 else None):
+                return True
+        inner = getattr(self.ab, "inner", None)
+        return isinstance(inner, CodecChain) and inner.carries_checksum(None)
+
     # -- decoding ------------------------------------------------------------------------
     def check_decodable(self, data: Buffer) -> None:
         """Cheap check that stored ``data`` can decode to this chunk (its outermost codec

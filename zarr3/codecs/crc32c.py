@@ -34,6 +34,10 @@ class Crc32cCodec(BytesBytesCodec):
     def configuration(self) -> None:
         return None
 
+    def verifies(self, data: Buffer | None) -> bool:
+        """Always: decoding checks the trailing CRC-32C."""
+        return True
+
     def encode(self, data: Buffer) -> Buffer:
         return bytes(data) + struct.pack("<I", crc32c(data))
 

@@ -25,7 +25,7 @@ def _lz4_block() -> Any:
         # optional codec library
         import lz4.block
     except ImportError as e:
-        raise CodecUnavailableError("lz4", "lz4") from e
+        raise CodecUnavailableError("lz4", "lz4", "lz4") from e
     return lz4.block
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import zstandard
 
 from ocdbt_py.errors import CorruptionError
-from zarr3.codecs.base import Buffer, BytesBytesCodec, ChunkSpec, check_config, clamp, encoder_int
+from zarr3.codecs.base import Buffer, BytesBytesCodec, ChunkSpec, as_uint8, check_config, clamp, encoder_int
 from zarr3.errors import MetadataError
 
 __all__ = ["ZstdCodec", "zstd_compress", "zstd_decompress"]
@@ -207,6 +207,18 @@ class ZstdCodec(BytesBytesCodec):
 
     def decode_into(self, data: Buffer, out: memoryview) -> None:
         zstd_decompress_into(data, out)
+
+    def verifies(self, data: Buffer | None) -> bool:
+        """When the frame carries its content checksum: always with ``checksum`` set, else
+        as the stored frame's header says (Orbax's Zarr v2 metadata never records it)."""
+        if self.checksum:
+            return True
+        if data is None:
+            return False
+        try:
+            return bool(zstandard.get_frame_parameters(bytes(as_uint8(data)[:18])).has_checksum)
+        except zstandard.ZstdError:
+            return False
 
     def check_decodable(self, data: Buffer, size: int | None) -> None:
         _check_header(data, size, size if size is not None else MAX_RATIO * memoryview(data).nbytes)

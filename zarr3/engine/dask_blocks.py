@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ocdbt_py.errors import MissingDependencyError
+
 __all__ = ["merged_chunks", "block_array", "ArraySource", "DEFAULT_BLOCK_BYTES"]
 
 #: Target bytes of one dask block (dask's own default ``array.chunk-size``).
@@ -66,6 +68,7 @@ def read_object_block(arr: Any, sel: tuple[slice, ...]) -> np.ndarray:
 def block_array(name: str, shape: Sequence[int], dtype: np.dtype, chunks: tuple[tuple[int, ...], ...],
                 read: Callable[..., np.ndarray], source: Any) -> Any:
     """A ``dask.array.Array`` whose block ``i`` is ``read(source, slices_of_block_i)``."""
+    MissingDependencyError.require("dask.array", "dask", "a dask array")
     import dask.array as da  # optional: only dask users pay for it
     from dask.highlevelgraph import HighLevelGraph
 

@@ -329,7 +329,8 @@ class CheckpointManager(Lifecycle):
             raise TypeError("metrics must be a dict")
         self.check_for_errors()
         if self._steps.name(step) is not None or self._steps.in_flight(step):
-            raise StepAlreadyExistsError(f"{self.step_path(step)} already exists")
+            raise StepAlreadyExistsError(f"{self.step_path(step)} already exists: a step is saved once (delete it "
+                                         "with manager.delete(step), or start the run in a new directory)")
         if force:
             if self._preemption is not None:
                 self._preemption.reached(step)  # keep JAX's sync point in step with the others

@@ -71,7 +71,7 @@ from ocdbt_py.checkpoint.saving.api import JsonItem, save
 from ocdbt_py.checkpoint.saving.atomic import _fsync_dir
 from ocdbt_py.checkpoint.saving.distributed import _jax_client, group_coordinator
 from ocdbt_py.checkpoint.saving.layout_writer import COMMIT_MARKER, commit_marker
-from ocdbt_py.errors import CorruptionError, OcdbtError, StorageError
+from ocdbt_py.errors import CorruptionError, MissingDependencyError, OcdbtError, StorageError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
@@ -224,6 +224,7 @@ class MultiTierCheckpointManager(Lifecycle):
         cleanup: bool = True,
         persistent_item: str = PERSISTENT_ITEM,
     ):
+        MissingDependencyError.require("jax", "jax", "MultiTierCheckpointManager")
         # optional: JAX is imported only for trees that hold JAX objects
         import jax
 
