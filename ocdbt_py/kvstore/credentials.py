@@ -66,27 +66,34 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
+def _about_credentials(e: BaseException) -> bool:
+    """Whether this one exception (not its causes) is about credentials."""
+    name = type(e).__name__
+    if name in _CLASSES or _MESSAGES.search(str(e)):
+        return True
+    return (name in _HTTP_CLASSES or isinstance(e, PermissionError)) and bool(_HTTP_MESSAGES.search(str(e)))
+
+
 def is_credentials_error(exc: BaseException) -> bool:
     """Whether ``exc`` (or what caused it) says the store wants other or more credentials."""
-    for e in _chain(exc):
-        if type(e).__name__ in _CLASSES or _MESSAGES.search(str(e)):
-            return True
-        if (type(e).__name__ in _HTTP_CLASSES or isinstance(e, PermissionError)) and _HTTP_MESSAGES.search(str(e)):
-            return True
-    return False
+    return any(_about_credentials(e) for e in _chain(exc))
 
 
 def credentials_hint(url: str, exc: BaseException) -> str | None:
     """One line saying the credentials are missing or refused and what to do, for ``url``'s
     scheme; ``None`` when ``exc`` is not about credentials."""
-    if not is_credentials_error(exc):
+    chain = _chain(exc)
+    culprit = next((e for e in chain if _about_credentials(e)), None)
+    if culprit is None:
         return None
     scheme = _SCHEMES.get(url.split("://", 1)[0].lower()) if "://" in url else None
-    first = next((e for e in _chain(exc) if type(e).__name__ in _CLASSES), None)
-    if scheme is None and first is None:
+    if scheme is None and type(culprit).__name__ not in _CLASSES:
         return None  # a local or other filesystem's permission error is not about credentials
-    first = first or exc
-    refused = bool(re.search(r"denied|forbidden|403|invalid|signature|expired", str(first), re.IGNORECASE))
+    # a failed look-up of the machine's own credentials (cloud instance metadata) is "none found"
+    lookup = any(re.search(r"169\.254\.169\.254|metadata|/api/token|credential provider|unable to locate|"
+                           r"could not (automatically )?(find|determine)", str(e), re.IGNORECASE) for e in chain)
+    refused = not lookup and bool(re.search(r"denied|forbidden|403|invalid|signature|expired|failed to authenticate",
+                                            str(culprit), re.IGNORECASE))
     what = "the store refused our credentials" if refused else "no usable credentials were found"
     advice = ADVICE.get(scheme or "", "pass the store's credentials as -S options (see its fsspec backend)")
     return f"{what} ({advice})"

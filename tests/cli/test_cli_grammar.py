@@ -254,18 +254,19 @@ def test_import_takes_a_file(cli: Callable[..., object], tmp_path: Path) -> None
     assert r.status != 0 and "is a file, not a database" not in r.err  # type: ignore[attr-defined]
 
 
-def test_s3_without_credentials_says_how_to_give_them(tmp_path: Path) -> None:
-    pytest.importorskip("s3fs")
+@pytest.mark.parametrize("backend", ["fsspec", "obstore"])
+def test_s3_without_credentials_says_how_to_give_them(tmp_path: Path, backend: str) -> None:
+    pytest.importorskip("s3fs" if backend == "fsspec" else "obstore")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
            "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
            "AWS_EC2_METADATA_DISABLED": "true"}
     p = subprocess.run([sys.executable, "-m", "ocdbt_py.cli", "ls", "s3://bucket/db", "-S",
-                        "endpoint_url=http://127.0.0.1:9", "--timeout", "5"],
+                        "endpoint_url=http://127.0.0.1:9", "-S", f"backend={backend}", "--timeout", "5"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 1 and p.stdout == "", p.stderr
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
     assert "no usable credentials were found" in p.stderr and "-S anon=true" in p.stderr, p.stderr
-    assert "AWS_ACCESS_KEY_ID" in p.stderr and "NoCredentialsError" not in p.stderr, p.stderr
+    assert "AWS_ACCESS_KEY_ID" in p.stderr and "Error:" not in p.stderr, p.stderr  # no library class names
 
 
 def test_a_missing_version_says_which_exist(cli: Callable[..., object], tiny_db: object) -> None:
