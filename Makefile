@@ -17,6 +17,8 @@ STAMP      := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 AZURITE    := azurite@3.37.0
 PYTEST_ARGS ?=
+# pytest workers (pytest-xdist): 2 fits the 2-core CI machine; `make test PYTEST_WORKERS=0` runs in one process
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup setup-test demo test lint typecheck pytest bench clean
 
@@ -55,9 +57,12 @@ lint: $(TEST_STAMP)
 typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
-# pytest exits 5 when it collected nothing; that is not a failure of the project.
+# pytest exits 5 when it collected nothing; that is not a failure of the project. Each test file
+# runs on one worker (--dist loadfile), so tests of a file share its module fixtures and servers;
+# --durations=30 says where the time goes.
 pytest: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=30 \
+	  $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
 
 test: lint typecheck pytest
