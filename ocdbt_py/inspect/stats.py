@@ -200,7 +200,7 @@ def checkpoint_stats(ck: Checkpoint, *, hist: bool = False, workers: int | None 
 
     def task(units: list[ChunkUnit]) -> list[tuple[str, Moments, int | None]]:
         raws = fetch_raw(units)
-        out = []
+        out: list[tuple[str, Moments, int | None]] = []
         try:
             for i, u in enumerate(units):
                 if u.fill:  # absent chunks of a large grid: one run of the fill value
