@@ -26,9 +26,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def run(args: argparse.Namespace) -> int:
     """Print the information."""
 
+    # heavy (the Zarr layer): imported when the command runs, so `ocdbt --help` stays fast
+    from ocdbt_py.maintenance.verify_data import NO_CHECKSUM, checksum_sample
+
     db = open_database(args)
     info = db.info()
+    sample = checksum_sample(db)
     if args.json:
+        info["values_checksummed"] = None if not sample["sampled"] else sample["checksummed"] == sample["sampled"]
+        info["checksum_sample"] = sample
         print_json(info)
         return 0
     cfg = info["config"]
@@ -50,9 +56,23 @@ def run(args: argparse.Namespace) -> int:
         ("max_decoded_node_bytes", str(cfg["max_decoded_node_bytes"])),
         ("version_tree_arity_log2", str(cfg["version_tree_arity_log2"])),
         ("compression", "none" if comp is None else f"{comp['id']} level {comp['level']}"),
+        ("values checksummed", _checksummed(sample, NO_CHECKSUM)),
     ]
     w = max(len(k) for k, _ in rows) + 1
     stream = out()
     for k, v in rows:
         stream.write(f"{(k + ':').ljust(w)} {v}\n")
     return 0
+
+
+def _checksummed(sample: dict[str, int], none: str) -> str:
+    """The ``values checksummed`` row: yes / no (what that means) / partly, and how it was judged."""
+    n, k = sample["sampled"], sample["checksummed"]
+    if not n:
+        return "- (no Zarr array chunks)"
+    how = f"first chunk of {n} of {sample['arrays']} arrays"
+    if k == n:
+        return f"yes ({how})"
+    if k == 0:
+        return f"no: {none} ({how}; save with checksum=True to add them)"
+    return f"partly: {k} of {n} sampled arrays ({how})"

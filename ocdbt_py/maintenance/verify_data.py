@@ -29,7 +29,7 @@ from ocdbt_py.store import OcdbtStore
 from ocdbt_py.store import open as open_db
 from ocdbt_py.units import human_bytes
 
-__all__ = ["verify_data", "DataReport", "ChunkProblem", "NO_CHECKSUM", "checksum_note"]
+__all__ = ["verify_data", "DataReport", "ChunkProblem", "NO_CHECKSUM", "checksum_note", "checksum_sample"]
 
 _METADATA_NAMES = (".zarray", "zarr.json")
 _NOT_CHUNKS = frozenset({".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"})
@@ -185,6 +185,27 @@ def _open(location: OcdbtStore | str | os.PathLike[str] | Any, storage_options: 
     if isinstance(location, OcdbtStore):
         return location
     return open_db(location, storage_options=storage_options)
+
+
+def checksum_sample(db: OcdbtStore, *, max_arrays: int = 32) -> dict[str, Any]:
+    """Whether stored values carry checksums, judged from the first stored chunk of up to
+    ``max_arrays`` Zarr arrays of ``db`` (a save writes all of its chunks one way): ``{"arrays":
+    Zarr arrays found, "sampled": arrays looked at, "checksummed": of those, how many}``."""
+    kv = db.as_kvstore()
+    keys = list(kv.list())
+    arrays = _arrays(keys)
+    firsts: list[tuple[str, str]] = []
+    for prefix, chunk_keys in _chunk_keys(keys, arrays).items():
+        if chunk_keys and len(firsts) < max_arrays:
+            firsts.append((prefix, chunk_keys[0]))
+    summed = 0
+    for (prefix, _key), data in zip(firsts, kv.get_many([k for _, k in firsts])):
+        try:
+            arr = zarr3.open(PrefixStore(kv, prefix) if prefix else kv, mode="r")
+        except (OcdbtError, ValueError):
+            continue
+        summed += data is not None and arr.metadata.chain.carries_checksum(data)  # type: ignore[union-attr]
+    return {"arrays": len(arrays), "sampled": len(firsts), "checksummed": summed}
 
 
 def verify_data(

@@ -70,3 +70,23 @@ def test_with_checksums_verify_names_array_and_chunk(tmp_path: Path, zarr3_: boo
     assert not any(line.startswith("OK:") for line in lines), r.stdout
     assert f"array w, chunk {chunk}: " in r.stdout and "data FAILED: 1 chunk does not decode" in r.stdout
     assert "stored bytes" not in r.stdout and ("KiB stored" in r.stdout or " B stored" in r.stdout)
+
+
+@pytest.mark.parametrize("checksum", [False, True], ids=["default", "checksum"])
+def test_stats_and_info_say_whether_values_are_checksummed(tmp_path: Path, checksum: bool) -> None:
+    ck = tmp_path / "ck"
+    checkpoint.save(ck, _tree(), checksum=checksum)
+    stats = _cli("stats", ck)
+    assert stats.returncode == 0, stats.stderr
+    info = _cli("info", ck)
+    assert info.returncode == 0, info.stderr
+    doc = json.loads(_cli("info", ck, "--json").stdout)
+    assert doc["values_checksummed"] is checksum and doc["checksum_sample"]["sampled"] == 2
+    per_tensor = json.loads(_cli("stats", ck, "--json").stdout)
+    assert {v["checksummed"] for v in per_tensor.values()} == {checksum}
+    if checksum:
+        assert "every stored chunk carries a checksum" in stats.stdout
+        assert "values checksummed:      yes (" in info.stdout, info.stdout
+    else:
+        assert NO_CHECKSUM in stats.stdout.splitlines()[-1] and "checksum=True" in stats.stdout
+        assert "values checksummed:      no: " + NO_CHECKSUM in info.stdout, info.stdout
