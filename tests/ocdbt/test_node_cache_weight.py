@@ -148,7 +148,9 @@ def _read_everything(db: OcdbtStore, model: dict[bytes, bytes], check: Any) -> N
     check()
     assert dict(db.items()) == model
     check()
-    sample = random.Random(1).sample(sorted(model), 1500)
+    # 300 point reads at random over the whole key space, which is many times the budget, so
+    # the reads keep evicting (1500 took 4-5x as long on large-refs and checked nothing more)
+    sample = random.Random(1).sample(sorted(model), 300)
     for k in sample:
         assert db.get(k) == model[k]
     check()
