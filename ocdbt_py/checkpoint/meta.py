@@ -19,16 +19,16 @@ from typing import Any
 import numpy as np
 
 from ocdbt_py.checkpoint.jsonio import read_json
-from ocdbt_py.checkpoint.layout import Kind, Listing, StepEntry, json_item_file, store_dir_name
+from ocdbt_py.checkpoint.layout import Kind, StepEntry
 from ocdbt_py.checkpoint.layout import list_steps as _list_steps
 from ocdbt_py.checkpoint.pytree import build_tree
-from ocdbt_py.checkpoint.restore.api import PathLike, bare_array_leaf, handler_of, resolve
+from ocdbt_py.checkpoint.restore.api import PathLike, bare_array_leaf
 from ocdbt_py.checkpoint.restore.gcpause import paused_gc
 from ocdbt_py.checkpoint.restore.item import ARRAY, EMPTY, INLINE, SCALAR, STRING, Leaf, PyTreeItem
+from ocdbt_py.checkpoint.restore.location import ItemLocation, locate
 from ocdbt_py.errors import CorruptionError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
-from ocdbt_py.kvstore.prefixed import PrefixStore
 from zarr3.dtypes import parse_data_type_v3, parse_dtype_v2
 from zarr3.engine.json_text import parse as parse_json_text
 
@@ -365,19 +365,15 @@ def _leaf_metadata(item: PyTreeItem, leaf: Leaf, rows: _Rows,
     return md
 
 
-def _item_meta(kv: KvStore, kind: Kind, listing: Listing | None, stored_sizes: bool | None,
-               handler: str | None = None) -> Any:
-    if kind == Kind.JSON:
-        lst = listing or Listing.of(kv)
-        fname = json_item_file(lst, store_dir_name(kv))
-        return read_json(kv, fname) if fname else None
-    if kind == Kind.JSON_DIR:
-        lst = listing or Listing.of(kv)
-        return {f: read_json(kv, f) for f in lst.files if f.endswith(".json")}
-    item = PyTreeItem(kv, listing=listing)
+def _item_meta(loc: ItemLocation, stored_sizes: bool | None) -> Any:
+    if loc.kind == Kind.JSON:
+        return read_json(loc.store, loc.json_file) if loc.json_file else None
+    if loc.kind == Kind.JSON_DIR:
+        return {f: read_json(loc.store, f) for f in loc.listing.files if f.endswith(".json")}
+    item = PyTreeItem(loc.store, listing=loc.listing)
     try:
         tree = item_metadata(item, stored_sizes=stored_sizes)
-        if bare_array_leaf(item, handler) is not None and isinstance(tree, dict):
+        if bare_array_leaf(item, loc.handler) is not None and isinstance(tree, dict):
             return tree["checkpoint"]
         return tree
     finally:
@@ -409,18 +405,10 @@ def metadata(
 
 def _metadata(path: PathLike, item: str | None, step: int | None, storage_options: dict[str, Any] | None,
               stored_sizes: bool | None) -> Any:
-    r = resolve(path, step=step, storage_options=storage_options)
-    if r.kind == Kind.STEP:
-        items = r.items()
-        handlers = r.handlers()
-        name = r.item_to_unwrap(items, item)
-        if name is not None:
-            return _item_meta(PrefixStore(r.kv, name), items[name], None, stored_sizes, handlers.get(name))
-        return {name: _item_meta(PrefixStore(r.kv, name), kind, None, stored_sizes, handlers.get(name))
-                for name, kind in items.items()}
-    if item is not None:
-        raise ValueError(f"item={item!r} applies to a step directory")
-    return _item_meta(r.kv, r.kind, r.listing, stored_sizes, handler_of(r.kv))
+    loc = locate(path, step=step, item=item, storage_options=storage_options)
+    if loc.unwrap is not None:
+        return _item_meta(loc.items[loc.unwrap], stored_sizes)
+    return {name: _item_meta(il, stored_sizes) for name, il in loc.items.items()}
 
 
 def list_steps(path: PathLike, *, storage_options: dict[str, Any] | None = None) -> list[StepEntry]:

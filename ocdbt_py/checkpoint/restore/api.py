@@ -5,16 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from ocdbt_py.checkpoint.jsonio import read_json
-from ocdbt_py.checkpoint.layout import Kind, Listing, step_metadata
+from ocdbt_py.checkpoint.layout import Kind, Listing
 from ocdbt_py.checkpoint.restore.gcpause import paused_gc
 from ocdbt_py.checkpoint.restore.item import ARRAY, SCALAR, PyTreeItem
 from ocdbt_py.checkpoint.restore.location import ItemLocation, PathLike, Resolved, locate, resolve
 from ocdbt_py.checkpoint.restore.targets import restore_with_target
-from ocdbt_py.errors import NotFoundError
+from ocdbt_py.errors import CorruptionError, NotFoundError
 from ocdbt_py.kvstore.base import KvStore
 
-__all__ = ["restore", "open_item_dir", "resolve", "Resolved", "PathLike", "bare_array_leaf", "handler_of",
-           "read_item"]
+__all__ = ["restore", "open_item_dir", "resolve", "Resolved", "PathLike", "bare_array_leaf", "read_item"]
 
 _ARRAY_HANDLER = "ArrayCheckpointHandler"
 
@@ -22,13 +21,6 @@ _ARRAY_HANDLER = "ArrayCheckpointHandler"
 def open_item_dir(kv: KvStore, listing: Listing | None = None) -> PyTreeItem:
     """Open a PyTree item directory."""
     return PyTreeItem(kv, listing=listing)
-
-
-def handler_of(kv: KvStore) -> str | None:
-    """The handler named by an item directory's own ``_CHECKPOINT_METADATA`` (bare saves)."""
-    meta = step_metadata(kv) or {}
-    h = meta.get("item_handlers")
-    return h if isinstance(h, str) else None
 
 
 def read_item(loc: ItemLocation, target: Any = None, *, lazy: bool = False) -> Any:
@@ -108,6 +100,8 @@ def restore(
     loc = locate(path, step=step, item=item, storage_options=storage_options)
     if loc.unwrap is not None:
         return read_item(loc.items[loc.unwrap], target, lazy=lazy)
+    if not loc.items:
+        raise CorruptionError(f"{loc.url} is a step directory without any readable item")
     if target is None:
         return {name: read_item(il, lazy=lazy) for name, il in loc.items.items()}
     if not isinstance(target, dict) or not set(target) <= set(loc.items):

@@ -25,7 +25,7 @@ from ocdbt_py.checkpoint.layout import (
     step_metadata,
     store_dir_name,
 )
-from ocdbt_py.errors import CorruptionError, NotFoundError
+from ocdbt_py.errors import NotFoundError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
@@ -143,7 +143,8 @@ class Location:
 def locate(path: PathLike, *, step: int | None = None, item: str | None = None,
            storage_options: dict[str, Any] | None = None) -> Location:
     """Settle where a restore of ``path`` reads from (see :class:`Location`): every listing,
-    classification and metadata file the choice of items needs is read here, once."""
+    classification and metadata file the choice of items needs is read here, once.  A step
+    without any readable item gives no items (the caller says whether that is an error)."""
     r = resolve(path, step=step, storage_options=storage_options)
     if r.kind != Kind.STEP:
         if item is not None:
@@ -154,8 +155,6 @@ def locate(path: PathLike, *, step: int | None = None, item: str | None = None,
     kinds = r.items()
     handlers = r.handlers()
     unwrap = r.item_to_unwrap(kinds, item)
-    if unwrap is None and not kinds:
-        raise CorruptionError(f"{r.kv.url} is a step directory without any readable item")
     names = [unwrap] if unwrap is not None else list(kinds)
     items = {}
     for name in names:
