@@ -43,6 +43,14 @@ def test_create_makes_the_root(tmp_path) -> None:
     root = tmp_path / "a" / "b"
     ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(create=True)).close()
     assert root.is_dir()
+    # create=False leaves a missing root absent until the first save, as Orbax does
+    other = tmp_path / "c"
+    m = ocp.CheckpointManager(other, options=ocp.CheckpointManagerOptions(create=False))
+    assert not other.exists()
+    m.save(0, args=ocp.args.StandardSave({"w": np.ones(2)}))
+    m.wait_until_finished()
+    assert m.all_steps() == [0]
+    m.close()
 
 
 def test_bare_json_handler(tmp_path) -> None:

@@ -222,3 +222,14 @@ def test_many_tensors_cost_memory_in_proportion(tmp_path: Path) -> None:
     mib, _secs, outcome = got["listing"]
     assert outcome == f"ok {n}", outcome
     assert mib < 30 * len(header) / 2**20, (mib, len(header))
+
+
+def test_a_root_made_by_the_first_save_is_locked_then(tmp_path: Path) -> None:
+    root = tmp_path / "later"
+    m = CheckpointManager(root, async_save=False)
+    assert not root.exists()  # opening a manager makes no directory
+    m.save(1, {"p": {"w": np.ones(2)}})
+    out = _other_process(root)
+    assert "REFUSED" in out and "READ [1]" in out  # the first save took the hold
+    m.close()
+    assert "OPENED" in _other_process(root)

@@ -172,14 +172,24 @@ class CheckpointManager(Lifecycle):
         self._on_commit = on_commit
         orbax = retention == "orbax"
         # one writing manager per local root across processes (RootInUseError otherwise)
-        hold = rootlock.acquire(self.kv) if not self.read_only and self.is_primary else None
-        self._root_hold = weakref.finalize(self, hold) if hold is not None else None
+        self._root_hold: weakref.finalize | None = None
+        self._wants_hold = not self.read_only and self.is_primary and self.kv.local_path() is not None
+        self._take_root_hold(create=False)  # a missing root is locked when the first save makes it
         self._steps = Tier("steps", self.kv, self.step_name_format, preservation, deletes=self.is_primary,
                            decide_at_start=orbax, keep_newest=not orbax, keep_deleted_in=todelete_subdir)
         if not self.read_only and self.is_primary:
             # steps whose deletion was interrupted are gone already: removed even without cleanup
             cleanup_root(self.kv, self.step_name_format, only_deleted=not cleanup)
         self.reload()
+
+    def _take_root_hold(self, *, create: bool) -> None:
+        if not self._wants_hold or self._root_hold is not None:
+            return
+        hold = rootlock.acquire(self.kv, create=create)
+        if hold is not None:
+            self._root_hold = weakref.finalize(self, hold)
+        if hold is not None or create:
+            self._wants_hold = False  # held, or this filesystem cannot lock: never ask again
 
     def close(self) -> None:
         """Wait for pending saves, then release the manager and its hold on the root."""
@@ -353,6 +363,7 @@ class CheckpointManager(Lifecycle):
         if metrics is not None and write_metrics:
             tree[METRICS_ITEM] = JsonItem(metrics_json(metrics), filename=METRICS_FILE)
         name = self.step_name_format.name(step)
+        self._take_root_hold(create=True)  # the first save of a root that did not exist yet
         self._steps.wait_recorded()  # saves run one at a time: wait for the previous commit
         self.check_for_errors()
         started = time.time()

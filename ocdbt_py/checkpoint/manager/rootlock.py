@@ -35,15 +35,24 @@ class RootInUseError(OcdbtError):
     """Another process has a writing CheckpointManager open on the same root."""
 
 
-def acquire(kv: KvStore) -> Callable[[], None] | None:
+def acquire(kv: KvStore, *, create: bool = False) -> Callable[[], None] | None:
     """Lock the local root of ``kv`` for this process; returns the function that releases this
-    hold (``None``: nothing held).  Raises :class:`RootInUseError` when another process holds it."""
+    hold (``None``: nothing held).  Raises :class:`RootInUseError` when another process holds it.
+
+    A missing root is made only with ``create`` (a manager opened on a root that does not exist
+    yet leaves it absent, as Orbax's ``create=False`` does, and takes the lock at its first save);
+    without it a missing root holds nothing and the caller asks again later."""
     root = kv.local_path()
     if root is None or fcntl is None:
         return None
     try:
-        os.makedirs(root, exist_ok=True)
+        if create:
+            os.makedirs(root, exist_ok=True)
         fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        if create:
+            raise StorageError(f"cannot open {root}: it vanished while being made") from None
+        return None
     except OSError as e:
         raise StorageError(f"cannot open {root}: {e.strerror or e}") from e
     st = os.fstat(fd)
