@@ -253,15 +253,23 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def out_of_count_markdown(report: dict[str, Any]) -> str:
-    """The tests out of the count, grouped by what they need (``spec/orbax-api.md`` 4)."""
-    by_reason: dict[str, list[str]] = {}
-    for name, c in report.items():
-        for test, reason in c["out"].items():
-            by_reason.setdefault(reason, []).append(f"{name[:-3]}::{test.split('::', 1)[1]}")
+    """The tests out of the count, by file and by what they need (``spec/orbax-api.md`` 4);
+    parameterized cases (``test_x0``, ``test_x1``...) are listed once as ``test_x*``."""
     lines = []
-    for reason in sorted(by_reason, key=lambda r: (-len(by_reason[r]), r)):
-        tests = sorted(by_reason[reason])
-        lines.append(f"* {reason} ({len(tests)}): " + ", ".join(f"`{t}`" for t in tests))
+    for name, c in report.items():
+        by_reason: dict[str, set[str]] = {}
+        counts: dict[str, int] = {}
+        for test, raw in c["out"].items():
+            reason = raw
+            if raw.startswith("private attribute"):  # "of <X object at 0x..>" / "of 'X' object" -> "of X"
+                reason = re.sub(r"[<>']| object at 0x[0-9a-f]+| object$", "", raw).replace(" of class ", " of ")
+            base = re.sub(r"\d+$", "*", test.rsplit("::", 1)[-1])
+            by_reason.setdefault(reason, set()).add(base)
+            counts[reason] = counts.get(reason, 0) + 1
+        for reason in sorted(by_reason, key=lambda r: (-counts[r], r)):
+            tests = sorted(by_reason[reason])
+            count = counts[reason]
+            lines.append(f"* `{name}`, {reason} ({count}): " + ", ".join(f"`{t}`" for t in tests))
     return "\n".join(lines)
 
 
