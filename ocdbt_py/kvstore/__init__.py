@@ -111,7 +111,8 @@ def _obstore(loc: str, storage_options: dict[str, Any] | None, read_only: bool) 
         from ocdbt_py.kvstore.obstore_options import Untranslatable
         from ocdbt_py.kvstore.obstore_store import ObstoreStore
 
-        return ObstoreStore.from_url(loc, storage_options, read_only=True if read_only else None)
+        opts = {**(storage_options or {}), "backend": want}  # "obstore" from the environment insists too
+        return ObstoreStore.from_url(loc, opts, read_only=True if read_only else None)
     except (ImportError, Untranslatable) as e:
         if want == "obstore":
             raise UnsupportedError(f"cannot open {loc} through obstore: {e}") from e

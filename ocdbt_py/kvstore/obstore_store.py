@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import concurrent.futures
+import os
 import threading
 import time
 import uuid
@@ -60,16 +61,18 @@ T = TypeVar("T")
 
 _loop_lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+_loop_pid = 0
 
 
 def _event_loop() -> asyncio.AbstractEventLoop:
-    """The one event loop (on a daemon thread) that awaits every obstore request."""
-    global _loop
+    """The one event loop (on a daemon thread) that awaits every obstore request; a forked
+    child, which has no copy of the thread, starts its own."""
+    global _loop, _loop_pid
     with _loop_lock:
-        if _loop is None or _loop.is_closed():
+        if _loop is None or _loop.is_closed() or _loop_pid != os.getpid():
             loop = asyncio.new_event_loop()
             threading.Thread(target=loop.run_forever, name="ocdbt-obstore", daemon=True).start()
-            _loop = loop
+            _loop, _loop_pid = loop, os.getpid()
         return _loop
 
 
