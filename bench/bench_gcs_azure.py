@@ -1,4 +1,5 @@
-"""Checkpoint restore from GCS and Azure (issue 20): ours (obstore where it takes the URL, else the fsspec clients) vs the peers, on
+"""Checkpoint restore from GCS and Azure (issue 20): ours (obstore where it takes the URL, else
+the fsspec clients) vs the peers, on
 local emulators, in the same run.
 
 Usage::
