@@ -64,7 +64,12 @@ def test_cli_reads_an_object_store(kind: str, request: pytest.FixtureRequest,
     # a single object exists too (import's SRC can be a file): here it is just not a database
     open_kvstore(url, opts).set("note.txt", b"not a database")
     status, out, err = _run(capsys, "ls", url + "/note.txt", *flags)
-    assert status == 1 and "does not exist" not in err and "no OCDBT database" in err, err
+    file_msg = (f"ocdbt: error: {url}/note.txt is a file, not a database or checkpoint: give the directory that "
+                "holds manifest.ocdbt, or a checkpoint item, step or root directory\n")
+    if kind == "s3":
+        assert status == 1 and err == file_msg, err
+    else:  # known gap: these listings answer for the object itself, so it is not yet told apart from a directory
+        assert status == 1 and (err == file_msg or "no OCDBT database" in err), err
 
 
 def test_timeout_options_go_under_the_users_s3_options() -> None:

@@ -24,12 +24,13 @@ def test_put_and_rm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run(capsys, "put", db, "k", "v")
     assert status == 1 and "--create" in err
     status, out, _ = run(capsys, "put", db, "k", "v", "--create", "--config", '{"max_inline_value_bytes": 2}')
-    assert status == 0 and out.strip() == "2"
+    assert status == 0 and out == f"put 'k' (1 B) into {db}: generation 2\n", out
     assert ocdbt_py.open(db).config.max_inline_value_bytes == 2
     src = tmp_path / "value.bin"
     src.write_bytes(bytes(range(256)) * 10)
     status, out, _ = run(capsys, "put", db, "--hex", "ff00", "-i", str(src), "--json")
-    assert status == 0 and json.loads(out) == {"generation": 3}
+    assert status == 0 and json.loads(out) == {"generation": 3, "key": "\\xff\\x00", "key_hex": "ff00",
+                                               "length": 2560, "url": db}, out
     status, out, _ = run(capsys, "put", db, "--escaped", "a\\x01b", "text")
     assert status == 0
     d = dict(ocdbt_py.open(db).items())
@@ -41,7 +42,7 @@ def test_put_and_rm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run(capsys, "put", db, "k", "v", "--config", '{"max_inline_value_bytes": 3}')
     assert status == 1  # configuration mismatch
     status, out, _ = run(capsys, "rm", db, "k", "absent")
-    assert status == 0 and out.strip() == "5"
+    assert status == 0 and out == f"deleted 2 keys in {db}: generation 5\n", out
     status, out, _ = run(capsys, "put", db, "p/1", "x")
     status, out, _ = run(capsys, "put", db, "p/2", "x")
     status, out, _ = run(capsys, "rm", db, "--prefix", "p/")
