@@ -261,7 +261,7 @@ def test_s3_without_credentials_says_how_to_give_them(tmp_path: Path, backend: s
            "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
            "AWS_EC2_METADATA_DISABLED": "true"}
     p = subprocess.run([sys.executable, "-m", "ocdbt_py.cli", "ls", "s3://bucket/db", "-S",
-                        "endpoint_url=http://127.0.0.1:9", "-S", f"backend={backend}", "--timeout", "5"],
+                        "endpoint_url=http://127.0.0.1:9", "-S", f"backend={backend}", "--timeout", "60"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 1 and p.stdout == "", p.stderr
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
