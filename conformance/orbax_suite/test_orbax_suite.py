@@ -27,10 +27,8 @@ pytestmark = [pytest.mark.orbax, pytest.mark.timeout(7200)]
 FULL = os.environ.get("OCDBT_ORBAX_SUITE") == "full"
 NAMES = list(suite.FILES.values()) if FULL else suite.FAST
 # the share of the counted baseline each file must pass on the drop-in (the measured counts are
-# in conformance/README.md; these floors keep them from sliding back).  preservation_policy:
-# three LatestDuration cases patch the stdlib datetime.datetime.now, which the native policy's
-# clock does not read.
-FLOOR = {"checkpoint_manager_options_test.py": 1.0, "composite_test.py": 1.0, "preservation_policy_test.py": 0.9,
+# in conformance/README.md; these floors keep them from sliding back).
+FLOOR = {"checkpoint_manager_options_test.py": 1.0, "composite_test.py": 1.0, "preservation_policy_test.py": 1.0,
          "json_checkpoint_handler_test.py": 1.0}
 
 

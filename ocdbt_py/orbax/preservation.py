@@ -87,6 +87,11 @@ def _log_preservation_decision(policy_name: str, checkpoints: Sequence[PolicyChe
                        checkpoint.step)
 
 
+def _now() -> float:
+    """Now, read as Orbax's policy reads it (``datetime.datetime.now``, which tests patch)."""
+    return datetime.datetime.now(tz=datetime.timezone.utc).timestamp()
+
+
 def step_infos(checkpoints: Sequence[PolicyCheckpointInfo]) -> list[native.StepInfo]:
     """Orbax's checkpoint infos (``time`` a datetime) as native ``StepInfo`` (epoch seconds)."""
     return [native.StepInfo(c.step, c.time.timestamp(), c.metrics) for c in checkpoints]
@@ -247,7 +252,7 @@ class LatestDuration:
     def should_preserve(self, checkpoints: Sequence[PolicyCheckpointInfo], *,
                         context: PreservationContext) -> Sequence[bool]:
         """``False`` up to the first recent checkpoint, ``True`` from it on."""
-        policy = native.Recent(max(self.duration.total_seconds(), 0.0))
+        policy = native.Recent(max(self.duration.total_seconds(), 0.0), clock=_now)
         return _flags(f"LatestDuration (duration={self.duration})", policy, checkpoints)
 
 

@@ -71,3 +71,24 @@ def test_orbax_policies_answer_as_the_native_ones_they_wrap() -> None:
     earlier = (SavedStep(1, now, now),)
     assert not decision.should_save(SaveContext(2, now, earlier, False, False))
     assert decision.should_save(SaveContext(4, now, earlier, False, False))
+
+
+def test_latest_duration_reads_now_as_orbax_does() -> None:
+    """Orbax's tests fix "now" by patching ``datetime.datetime`` through the policy module;
+    the face reads the clock the same way, so the decision follows the patched clock."""
+    import datetime
+    from unittest import mock
+
+    from ocdbt_py.orbax.checkpoint_managers import preservation_policy as pp
+
+    fixed = datetime.datetime(2026, 5, 29, 12, 0, 0)
+    from ocdbt_py.orbax.preservation import CheckpointInfo
+
+    infos = [CheckpointInfo(step=s, time=fixed - datetime.timedelta(hours=h), metrics=None)
+             for s, h in ((0, 30), (1, 25), (2, 23), (3, 10))]
+    ctx = pp.PreservationContext()
+    with mock.patch.object(pp.datetime, "datetime") as patched:
+        patched.now.return_value = fixed
+        assert list(pp.LatestDuration(datetime.timedelta(hours=24)).should_preserve(infos, context=ctx)) == [
+            False, False, True, True]
+        assert not any(pp.LatestDuration(datetime.timedelta(hours=5)).should_preserve(infos, context=ctx))

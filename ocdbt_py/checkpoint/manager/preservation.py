@@ -147,6 +147,8 @@ class Recent:
     """Keep the checkpoints committed within ``seconds`` of now, and every later step."""
 
     seconds: float
+    #: the clock "now" is read from (epoch seconds); Orbax's face reads ``datetime.now``
+    clock: Callable[[], float] = dataclasses.field(default=time.time, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) or self.seconds < 0:
@@ -154,7 +156,7 @@ class Recent:
 
     def keep(self, steps: Sequence[StepInfo]) -> set[int]:
         """From the oldest recent step on."""
-        now = time.time()
+        now = self.clock()
         ordered = sorted(steps, key=lambda s: s.step)
         first = next((i for i, s in enumerate(ordered) if now - s.time <= self.seconds), len(ordered))
         return {s.step for s in ordered[first:]}

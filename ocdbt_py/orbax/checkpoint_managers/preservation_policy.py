@@ -3,6 +3,8 @@ module (the preservation policies live in :mod:`ocdbt_py.orbax.preservation`, be
 
 from __future__ import annotations
 
+import datetime  # noqa: F401  (Orbax's module has it: tests patch datetime.datetime through it)
+
 from ocdbt_py.orbax.preservation import (
     AnyPreservationPolicy,
     BestN,
