@@ -35,8 +35,11 @@ setup-test: $(TEST_STAMP)
 
 # The test stack on top: TensorStore, Orbax, JAX, zarr, emulators, ruff, mypy (about 1.5 GB).
 $(TEST_STAMP): $(STAMP) pyproject.toml
-	@echo "== make: adding the test stack to $(VENV) (oracles, emulators, linters: several minutes)"
-	$(PIP) install --progress-bar on -e '.[test,dev,http,bench]'
+	@echo "== make: adding the test stack to $(VENV) (oracles, emulators, linters) with uv"
+	@# uv puts the 1.9 GB stack in place from its cache in seconds where pip takes about two
+	@# minutes (the same versions: both resolve pyproject.toml); pip does it if uv cannot be had.
+	$(PIP) install -q uv && $(BIN)/uv pip install --python $(BIN)/python -e '.[test,dev,http,bench]' || \
+	  $(PIP) install --progress-bar on -e '.[test,dev,http,bench]'
 	@if command -v $(NPM) >/dev/null 2>&1; then \
 	  echo "== make: installing Azure's storage emulator ($(AZURITE)) into $(VENV)/node with npm"; \
 	  $(NPM) install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error $(AZURITE); \
@@ -44,7 +47,7 @@ $(TEST_STAMP): $(STAMP) pyproject.toml
 	  echo "== make: npm not found: the Azure (azurite) tests will be skipped (install Node.js >= 18 and npm to run them)"; \
 	fi
 	@if [ -z "$$CHROMIUM" ] && ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then \
-	  echo "== make: no Chromium on PATH: the HTML report's browser test will be skipped (install one, e.g. 'sudo apt-get install chromium', or set CHROMIUM=/path/to/chrome)"; \
+	  echo "== make: no Chromium on PATH: the HTML report's browser test will be skipped (install Debian's chromium package, or set CHROMIUM=/path/to/chrome)"; \
 	fi
 	@touch $(TEST_STAMP)
 
