@@ -8,7 +8,7 @@ first missing chunk only after that; ``ocdbt stats``/``report`` computed a stati
 missing chunk, ``cp`` probed every chunk file and ``export`` built chunk tuples per slab (past
 20 s, 0.8-2.4 GB).  Now large grids are read from one listing of the stored chunks, absent
 ones are one run of the fill value (or, where every chunk must be stored, the first missing
-one is an error at once), and each case below stays under 100 MiB of growth and 2 s in a
+one is an error at once), and each case below stays under 100 MiB of growth and 2 CPU-s in a
 child process.
 """
 
