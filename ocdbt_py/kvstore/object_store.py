@@ -28,15 +28,15 @@ import concurrent.futures
 import os
 import re
 import threading
-import time
 import uuid
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
-from ocdbt_py.errors import ConditionFailedError, InvalidKeyError, OcdbtError, StorageError, UnsupportedError
+from ocdbt_py.errors import ConditionFailedError, InvalidKeyError, StorageError, UnsupportedError
 from ocdbt_py.kvstore.base import ByteRange, check_range
 from ocdbt_py.kvstore.credentials import storage_failure
 from ocdbt_py.kvstore.fsspec_store import FsspecStore
+from ocdbt_py.kvstore.read_ahead import ReadAhead
 
 __all__ = ["ObjectStore", "redact", "OUR_OPTIONS"]
 
@@ -83,7 +83,7 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     return _URL_SECRET.sub(lambda m: f"{m.group(1)}<redacted>", text)
 
 
-class ObjectStore(FsspecStore, abc.ABC):
+class ObjectStore(ReadAhead, FsspecStore, abc.ABC):
     """Keys are objects below ``root`` (``bucket/prefix``) of an object-store filesystem.
 
     ``single_writer=True`` allows non-atomic conditional writes where the server cannot do
@@ -117,9 +117,7 @@ class ObjectStore(FsspecStore, abc.ABC):
         self._probe_lock = threading.Lock()
         self._conditional_ok: bool | None = None if custom_endpoint else True
         self._emulate_lock = threading.Lock()
-        #: key -> (future of a read_ahead batch, index in it, byte range, deadline)
-        self._ahead: dict[str, tuple[concurrent.futures.Future[Any], int, tuple[int, int], float]] = {}
-        self._ahead_lock = threading.Lock()
+        self._init_ahead()
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -212,10 +210,6 @@ class ObjectStore(FsspecStore, abc.ABC):
 
         return self._run(run_all())
 
-    # -- values read ahead of their use (checkpoint restore) ------------------------------------
-    #: a value read ahead answers one later :meth:`get` made within this many seconds
-    ahead_seconds = 30.0
-
     # -- capabilities ------------------------------------------------------------------------
     @property
     def is_remote(self) -> bool:
@@ -226,92 +220,15 @@ class ObjectStore(FsspecStore, abc.ABC):
         return True
 
     @property
-    def supports_read_ahead(self) -> bool:
-        return True
-
-    @property
     def supports_read_into(self) -> bool:
         return True
 
-    def read_ahead(self, requests: Sequence[tuple[str, tuple[int, int]]]) -> bool:
-        """:meth:`start_read_ahead`, returning ``False`` (nothing started) instead of raising
-        for keys or ranges this store refuses: the reads themselves then say what is wrong."""
-        if not requests:
-            return False
-        try:
-            self.start_read_ahead(requests)
-        except (ValueError, TypeError, OcdbtError):
-            return False
-        return True
+    # -- values read ahead of their use (checkpoint restore): ReadAhead ------------------------
+    def _check_ahead_key(self, key: str) -> None:
+        self._locate(key)
 
-    def start_read_ahead(self, requests: Sequence[tuple[str, tuple[int, int]]]) -> concurrent.futures.Future[None]:
-        """Start reading bytes ``[start, stop)`` of each ``(key, (start, stop))``, all
-        concurrently, and return at once (the future says when all have arrived); each result
-        (absent objects included) answers the next :meth:`get` of its key whose range it
-        covers, once, within :attr:`ahead_seconds`.
-
-        A caller that knows which small values it is about to read one after another (the
-        metadata files of a checkpoint, the root node of its B+tree) fetches them in one round
-        trip this way, while it does other work.  A range read from offset 0 that comes back
-        shorter than asked holds the whole object, so it also answers reads of any range.
-        Failures are not reported here: the later :meth:`get` then makes its own request (and
-        reports its own error).  Writing or deleting a key drops what was read ahead for it.
-        ``ValueError`` for ranges other than ``0 <= start < stop``."""
-        reqs = [(k, (int(r[0]), int(r[1]))) for k, r in requests]
-        for k, (start, stop) in reqs:
-            self._locate(k)
-            if start < 0 or stop <= start:
-                raise ValueError("read_ahead needs ranges 0 <= start < stop")
-        fut = self._start_ahead(reqs)
-        now = time.monotonic()
-        with self._ahead_lock:
-            for k in [k for k, e in self._ahead.items() if e[3] < now]:
-                del self._ahead[k]
-            for i, (k, r) in enumerate(reqs):
-                self._ahead[k] = (fut, i, r, now + self.ahead_seconds)
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        fut.add_done_callback(lambda _f: done.set_result(None))
-        return done
-
-    def _start_ahead(self, reqs: Sequence[tuple[str, tuple[int, int]]]) -> concurrent.futures.Future[list[Any]]:
-        """Start the reads of :meth:`read_ahead`; the future gives each result (bytes, ``None``
-        for an absent object, or the exception raised) in order."""
-        async def run_all() -> list[Any]:
-            return list(await asyncio.gather(*(self._read(k, r) for k, r in reqs), return_exceptions=True))
-
-        return asyncio.run_coroutine_threadsafe(run_all(), self.fs.loop)
-
-    def _take_ahead(self, key: str, byte_range: ByteRange | None) -> tuple[bool, bytes | None]:
-        """``(True, value)`` when a read ahead answers this read (and is used up by it)."""
-        with self._ahead_lock:
-            entry = self._ahead.pop(key, None)
-        if entry is None:
-            return False, None
-        fut, i, (lo, hi), deadline = entry
-        try:
-            got = fut.result()[i]
-        except BaseException:  # noqa: BLE001 - the read below reports its own error
-            return False, None
-        if isinstance(got, BaseException) or time.monotonic() > deadline:
-            return False, None
-        if got is None:
-            return True, None
-        if lo == 0 and len(got) < hi:  # the whole object
-            if byte_range is None:
-                return True, got
-            start, stop = byte_range
-            return True, (got[start:] if stop is None else got[start:stop])
-        if byte_range is None:
-            return False, None
-        start, stop = byte_range
-        if stop is None or start < lo or stop > hi:
-            return False, None
-        return True, got[start - lo: stop - lo]
-
-    def _drop_ahead(self, key: str) -> None:
-        if self._ahead:
-            with self._ahead_lock:
-                self._ahead.pop(key, None)
+    def _start_ahead_read(self, key: str, byte_range: tuple[int, int]) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(self._read(key, byte_range), self.fs.loop)
 
     # -- reading into caller buffers (checkpoint restore) -----------------------------------------
     def read_into(self, requests: Sequence[tuple[str, int, memoryview]]

@@ -35,7 +35,6 @@ import builtins
 import concurrent.futures
 import os
 import threading
-import time
 import uuid
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -51,9 +50,9 @@ from ocdbt_py.errors import (
 from ocdbt_py.kvstore.base import ByteRange, KvStore, ReadRequest, check_range, normalize_request
 from ocdbt_py.kvstore.coalesce import coalesced_get_many
 from ocdbt_py.kvstore.credentials import storage_failure
-from ocdbt_py.kvstore.futures import all_done
 from ocdbt_py.kvstore.keys import validate_key, validate_prefix
 from ocdbt_py.kvstore.object_store import redact
+from ocdbt_py.kvstore.read_ahead import ReadAhead
 
 __all__ = ["ObstoreStore", "run_on_loop"]
 
@@ -105,7 +104,7 @@ def _buffer(value: bytes | bytearray | memoryview) -> Any:
     return value if isinstance(value, bytes) else memoryview(value).cast("B")
 
 
-class ObstoreStore(KvStore):
+class ObstoreStore(ReadAhead, KvStore):
     """Keys are objects of ``store`` (an obstore store already rooted at the bucket and
     prefix this store presents).  Build one with :meth:`from_url`."""
 
@@ -115,8 +114,6 @@ class ObstoreStore(KvStore):
     coalesce_gap = 1 << 20
     #: ... as long as a merged request stays within this many bytes
     coalesce_max_span = 32 << 20
-    #: a value read ahead answers one later :meth:`get` made within this many seconds
-    ahead_seconds = 30.0
     #: :meth:`read_into` fetches a larger range as concurrent requests of this many bytes
     part_bytes = 8 << 20
 
@@ -135,8 +132,7 @@ class ObstoreStore(KvStore):
         self._lister = lister
         self._sem: asyncio.Semaphore | None = None
         self._no_suffix = False
-        self._ahead: dict[str, tuple[concurrent.futures.Future[Any], tuple[int, int], float]] = {}
-        self._ahead_lock = threading.Lock()
+        self._init_ahead()
 
     @classmethod
     def from_url(cls, url: str, storage_options: dict[str, Any] | None = None, *,
@@ -596,75 +592,12 @@ class ObstoreStore(KvStore):
                                f"{hi - lo}-byte range")
         return data
 
-    @property
-    def supports_read_ahead(self) -> bool:
-        return True
+    # -- values read ahead of their use (checkpoint restore): ReadAhead ------------------------
+    def _check_ahead_key(self, key: str) -> None:
+        validate_key(key)
 
-    def read_ahead(self, requests: Sequence[tuple[str, tuple[int, int]]]) -> bool:
-        """:meth:`start_read_ahead`, returning ``False`` (nothing started) instead of raising
-        for keys or ranges this store refuses: the reads themselves then say what is wrong."""
-        if not requests:
-            return False
-        try:
-            self.start_read_ahead(requests)
-        except (ValueError, TypeError, OcdbtError):
-            return False
-        return True
-
-    def start_read_ahead(self, requests: Sequence[tuple[str, tuple[int, int]]]) -> concurrent.futures.Future[None]:
-        """Start reading bytes ``[start, stop)`` of each ``(key, (start, stop))``, all
-        concurrently, and return at once (the future says when all have arrived); each result
-        (an absent object included) answers the next :meth:`get` of its key whose range it
-        covers, once, within :attr:`ahead_seconds`.  A read from offset 0 that comes back
-        shorter than asked holds the whole object.  Writing or deleting the key drops it;
-        a failed read ahead is retried by that later :meth:`get`.  ``ValueError`` for ranges
-        other than ``0 <= start < stop``."""
-        reqs = [(k, (int(r[0]), int(r[1]))) for k, r in requests]
-        for k, (lo, hi) in reqs:
-            validate_key(k)
-            if lo < 0 or hi <= lo:
-                raise ValueError("read_ahead needs ranges 0 <= start < stop")
-        now = time.monotonic()
-        futs = []
-        with self._ahead_lock:
-            for k in [k for k, e in self._ahead.items() if e[2] < now]:
-                del self._ahead[k]
-            for k, r in reqs:
-                fut = run_on_loop(self._limited(self._read(k, r)))
-                futs.append(fut)
-                self._ahead[k] = (fut, r, now + self.ahead_seconds)
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        all_done(futs).add_done_callback(lambda _f: done.set_result(None))
-        return done
-
-    def _take_ahead(self, key: str, byte_range: ByteRange | None) -> tuple[bool, bytes | None]:
-        """``(True, value)`` when a read ahead answers this read (and is used up by it)."""
-        with self._ahead_lock:
-            entry = self._ahead.pop(key, None)
-        if entry is None:
-            return False, None
-        fut, (lo, hi), deadline = entry
-        try:
-            got = fut.result()
-        except Exception:  # noqa: BLE001 - the read itself reports its own error
-            return False, None
-        if time.monotonic() > deadline:
-            return False, None
-        if got is None:
-            return True, None
-        if lo == 0 and len(got) < hi:  # the whole object came back
-            if byte_range is None:
-                return True, got
-            start, stop = byte_range
-            return True, (got[start:] if stop is None else got[start:stop])
-        if byte_range is None or byte_range[1] is None or byte_range[0] < lo or byte_range[1] > hi:
-            return False, None
-        return True, got[byte_range[0] - lo: byte_range[1] - lo]
-
-    def _drop_ahead(self, key: str) -> None:
-        if self._ahead:
-            with self._ahead_lock:
-                self._ahead.pop(key, None)
+    def _start_ahead_read(self, key: str, byte_range: tuple[int, int]) -> concurrent.futures.Future[Any]:
+        return run_on_loop(self._limited(self._read(key, byte_range)))
 
     def close(self) -> None:
         """Nothing to release: connections belong to obstore's pool."""
