@@ -138,7 +138,8 @@ def test_killed_after_save_returned_is_all_or_nothing(killed: dict[str, Path]) -
             _assert_step(mgr.restore(1), 1, big=True)
         else:
             assert mgr.all_steps() == [0]
-            assert names == ["ckpt_0", f"ckpt_1{TMP}"]
+            # the kill may land before the background save has made its temporary directory
+            assert names in (["ckpt_0"], ["ckpt_0", f"ckpt_1{TMP}"]), names
 
 
 @pytest.mark.skipif(importlib.util.find_spec("orbax.checkpoint") is None, reason="needs orbax-checkpoint")
