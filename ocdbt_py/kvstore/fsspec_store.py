@@ -342,7 +342,11 @@ class FsspecStore(KvStore):
             p = self.fs._strip_protocol(p)
             if self._http:
                 p = urllib.parse.unquote(p)
-            found_keys.append((p[n:].lstrip("/"), size))
+            if n and not p.startswith(root + "/"):
+                continue  # the root itself: ``find`` of a path that is one object answers with it
+            key = p[n:].lstrip("/")
+            if key:
+                found_keys.append((key, size))
         return self._filtered(found_keys, prefix, start, stop)
 
     @staticmethod
