@@ -23,11 +23,18 @@ fast path):
   (also from ``AZURE_STORAGE_CONNECTION_STRING``); ``anon=True``: unsigned; service principal
   (``client_id``/``client_secret``/``tenant_id``); otherwise obstore's chain (workload
   identity, managed identity, ``AZURE_*`` environment variables).
+
+Timeouts and retries: botocore's ``config_kwargs`` ``connect_timeout`` and
+``retries.max_attempts`` (what ``ocdbt --timeout`` sets) and adlfs' ``connection_timeout``
+become obstore's connect timeout and retry count.  Read timeouts (botocore's and adlfs'
+``read_timeout``) bound one socket read there; obstore has no such bound (its whole-request
+timeout stays at its default), so they are accepted and leave reads as obstore times them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import urllib.parse
 import urllib.request
@@ -44,7 +51,8 @@ OUR_KEYS = ("single_writer", "backend")
 _FSSPEC_ONLY = {"use_listings_cache", "skip_instance_cache", "listings_expiry_time", "max_paths",
                 "default_block_size", "default_fill_cache", "default_cache_type", "asynchronous", "loop",
                 "cache_regions", "version_aware"}
-#: botocore config_kwargs that only tune its own pool / timeouts
+#: botocore config_kwargs that only tune its own pool / timeouts; ``connect_timeout`` and
+#: ``retries.max_attempts`` are translated, the others are botocore's own business
 _CONFIG_HARMLESS = {"max_pool_connections", "connect_timeout", "read_timeout", "retries"}
 
 
@@ -90,8 +98,30 @@ def _prefix(path: str) -> str | None:
     return path
 
 
-def _client(endpoint: str | None, verify: Any, timeout: Any = None) -> dict[str, Any]:
+def _seconds(value: Any, what: str) -> datetime.timedelta:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise Untranslatable(f"{what}={value!r}") from None
+    if not seconds > 0:
+        raise Untranslatable(f"{what}={value!r}")
+    return datetime.timedelta(seconds=seconds)
+
+
+def _retry_config(max_attempts: Any) -> dict[str, Any] | None:
+    """obstore's retry settings from a botocore-style ``max_attempts`` (first try included)."""
+    if max_attempts is None:
+        return None
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise Untranslatable(f"retries.max_attempts={max_attempts!r}")
+    return {"max_retries": max_attempts - 1}
+
+
+def _client(endpoint: str | None, verify: Any, timeout: Any = None,
+            connect_timeout: Any = None) -> dict[str, Any]:
     out: dict[str, Any] = {"pool_max_idle_per_host": "64"}
+    if connect_timeout is not None:
+        out["connect_timeout"] = _seconds(connect_timeout, "connect_timeout")
     if endpoint and endpoint.startswith("http://"):
         out["allow_http"] = True
     if verify is False:
@@ -182,8 +212,12 @@ def _s3(bucket: str, path: str, opts: dict[str, Any]) -> Built:
     if not region:
         region = "us-east-1" if custom else _bucket_region(bucket)
     config["region"] = region
+    retries = config_kwargs.get("retries")
+    retry = _retry_config(retries.get("max_attempts") if isinstance(retries, dict) else None)
     store = _store_class("S3Store")(bucket, prefix=_prefix(path), config=config,
-                                    client_options=_client(endpoint, verify), credential_provider=provider)
+                                    client_options=_client(endpoint, verify,
+                                                           connect_timeout=config_kwargs.get("connect_timeout")),
+                                    credential_provider=provider, **({"retry_config": retry} if retry else {}))
     return Built(store, f"s3://{bucket}/{path}".rstrip("/"), custom_endpoint=custom)
 
 
@@ -286,6 +320,8 @@ def _azure(scheme: str, netloc: str, path: str, opts: dict[str, Any]) -> Built:
     if opts.pop("credential", None) is not None:
         raise Untranslatable("credential objects")
     principal = {k: opts.pop(k) for k in ("client_id", "client_secret", "tenant_id") if k in opts}
+    connect_timeout = opts.pop("connection_timeout", None)  # adlfs' name; its read_timeout has no twin
+    opts.pop("read_timeout", None)
     _pop_all(opts)
     if not (account or key or sas or conn or principal) and env.get("AZURE_STORAGE_CONNECTION_STRING"):
         conn = env["AZURE_STORAGE_CONNECTION_STRING"]
@@ -313,7 +349,7 @@ def _azure(scheme: str, netloc: str, path: str, opts: dict[str, Any]) -> Built:
     if endpoint and not config.get("use_emulator"):
         config["endpoint"] = endpoint.rstrip("/")
     store = _store_class("AzureStore")(container, prefix=_prefix(path), config=config,
-                                       client_options=_client(endpoint, None))
+                                       client_options=_client(endpoint, None, connect_timeout=connect_timeout))
     return Built(store, f"{scheme}://{container}/{path}".rstrip("/"),
                  custom_endpoint=bool(endpoint) and ".core.windows.net" not in str(endpoint))
 

@@ -94,3 +94,28 @@ def test_static_keys_need_no_provider(s3_server: servers.S3Server) -> None:
 def test_untranslatable_options_keep_the_fsspec_route(s3_server: servers.S3Server, extra: dict[str, Any]) -> None:
     store = open_kvstore(f"s3://{BUCKET}/u", {**s3_server.storage_options(), **extra})
     assert isinstance(store, S3Store)
+
+
+def test_timeouts_and_retries_reach_obstore(s3_server: servers.S3Server, azure_server: servers.AzureServer) -> None:
+    """botocore's ``connect_timeout`` and ``retries.max_attempts`` (what ``ocdbt --timeout``
+    sets) and adlfs' ``connection_timeout`` bound obstore's requests instead of taking the
+    fsspec route or being ignored (obstore's default is ten retries over three minutes)."""
+    s3_server.make_bucket(BUCKET)
+    opts = {**s3_server.storage_options(),
+            "config_kwargs": {"connect_timeout": 2.5, "read_timeout": 9, "retries": {"max_attempts": 2}}}
+    store = open_kvstore(f"s3://{BUCKET}/t{next(_n)}", opts)
+    assert isinstance(store, ObstoreStore)
+    assert store.store.client_options["connect_timeout"] == "2s 500ms"
+    assert store.store.retry_config["max_retries"] == 1
+    store.set("k", b"v")
+    assert store.get("k") == b"v"
+    azure_server.make_container(BUCKET)
+    az = open_kvstore(f"az://{BUCKET}/t{next(_n)}",
+                      {**azure_server.storage_options(), "connection_timeout": 3, "read_timeout": 3})
+    assert isinstance(az, ObstoreStore)
+    assert az.store.client_options["connect_timeout"] == "3s"
+    az.set("k", b"v")
+    assert az.get("k") == b"v"
+    # what obstore cannot mean stays on the fsspec route, as every untranslatable option does
+    odd = {**s3_server.storage_options(), "config_kwargs": {"retries": {"max_attempts": 0}}}
+    assert isinstance(open_kvstore(f"s3://{BUCKET}/x", odd), S3Store)
