@@ -110,6 +110,10 @@ def _stored_leaves(location: str | os.PathLike[str] | KvStore, item: str | None)
     return dict(flat)
 
 
+#: The start of Orbax's error text for a restore target that does not match the stored tree
+_MISMATCH = "User-provided restore item and on-disk value metadata tree structures do not match:"
+
+
 def settled_target(location: str | os.PathLike[str] | KvStore, item: str | None, target: Any, *,
                    partial: bool = False, present: Any = None) -> Any:
     """``target`` checked against the stored tree, its sharding-less ``jax.ShapeDtypeStruct``
@@ -127,13 +131,18 @@ def settled_target(location: str | os.PathLike[str] | KvStore, item: str | None,
     extra = [n for n in names if n not in stored]
     extra += [h for h in held if not any(under(n, h) for n in stored)]
     if extra:
-        raise TreeMismatchError(f"the restore target names leaves the checkpoint does not have: "
+        raise TreeMismatchError(f"{_MISMATCH} the restore target names leaves the checkpoint does not have: "
                                 f"{sorted('/'.join(n) for n in extra)}")
     missing = [n for n in stored if n not in names and not any(under(n, h) for h in held)]
-    if missing and not partial:
-        raise TreeMismatchError(f"the restore target lacks leaves the checkpoint has: "
-                                f"{sorted('/'.join(n) for n in missing)}; pass partial_restore=True "
-                                "(PyTreeRestore) to restore only the leaves the target names")
+    # as Orbax: a PLACEHOLDER stands for one stored leaf; over a whole subtree it is a mismatch
+    # unless partial_restore
+    subtrees = [h for h in held if h not in stored]
+    if (missing or subtrees) and not partial:
+        what = (f"the restore target lacks leaves the checkpoint has: {sorted('/'.join(n) for n in missing)}"
+                if missing else
+                f"PLACEHOLDER stands for subtrees, not leaves: {sorted('/'.join(n) for n in subtrees)}")
+        raise TreeMismatchError(f"{_MISMATCH} {what}. If this mismatch is intentional, pass "
+                                "`partial_restore=True` to only restore parameters found in `item`.")
     if "jax" not in sys.modules:
         return target
     import jax  # loaded already (checked above)

@@ -165,8 +165,20 @@ class CheckpointHandler:
         return NativeItem(FilesItem(lambda d: self._write_custom(pathlib.Path(d), args), handler=self.typestr()))
 
     async def async_save(self, directory: Location, args: args_lib.CheckpointArgs | None = None) -> list[Any] | None:
-        """Orbax's asynchronous save (overridden by asynchronous custom handlers)."""
-        raise NotImplementedError
+        """Orbax's asynchronous save: start writing ``args`` into ``directory`` and return the
+        futures to wait on (``result(timeout)``) before the checkpoint is finalized.
+
+        A built-in handler makes its host copies, then writes in the background (one future);
+        a custom handler that only implements ``save`` runs it and returns no futures
+        (asynchronous custom handlers override this)."""
+        if args is None:
+            raise ValueError("nothing to save: pass args=")
+        if self._custom():
+            if not self._overrides("save"):
+                raise NotImplementedError(f"{type(self).__name__} implements neither save nor async_save")
+            self.save(directory, args=args)
+            return []
+        return [_HandleFuture(self.start_save(directory, args, force=True, custom_metadata=None, blocking=False))]
 
     def restore_from(self, location: Location, args: args_lib.CheckpointArgs | None, item: str | None = None) -> Any:
         """Restore the item at ``location`` (a step directory when ``item`` names one of its items)."""
@@ -436,7 +448,8 @@ class JsonCheckpointHandler(CheckpointHandler):
 
 
 class _HandleFuture:
-    """A background save as Orbax's futures look: ``result()`` waits and re-raises."""
+    """A background save as Orbax's futures look: ``result(timeout)`` waits and re-raises
+    (``TimeoutError`` past ``timeout``); ``done()`` says whether it finished."""
 
     def __init__(self, handle: SaveHandle):
         self._handle = handle
@@ -444,6 +457,10 @@ class _HandleFuture:
     def result(self, timeout: float | None = None) -> None:
         """Wait for the save."""
         self._handle.wait(timeout)
+
+    def done(self) -> bool:
+        """Whether the save has finished."""
+        return self._handle.done()
 
 
 def _register_builtin() -> None:

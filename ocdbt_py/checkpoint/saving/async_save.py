@@ -3,7 +3,9 @@
 ``save(..., blocking=False)`` copies what it needs to host memory, then hands encoding, I/O,
 the merge and the commit to a (non-daemon) thread and returns a handle.  Saves run one at a
 time per process: a new save first waits for the previous one and re-raises its error if
-nobody collected it with :meth:`SaveHandle.wait`.
+nobody collected it with :meth:`SaveHandle.wait`.  A save started from inside another save's
+work (a custom handler whose ``save`` saves a built-in item into the step's directory) is part
+of that save: it neither waits for it nor takes its place as the previous save.
 
 :class:`Background` is the one way saving runs work on a thread of its own (the save of a
 non-blocking call, the fsync of the data files while the primary builds the merged root).
@@ -19,6 +21,25 @@ __all__ = ["SaveHandle", "Background", "start", "wait_for_previous"]
 
 _lock = threading.Lock()
 _last: SaveHandle | None = None
+_inside = threading.local()  # .handle: the save whose work this thread is running
+
+
+def _current() -> SaveHandle | None:
+    """The save whose work runs on this thread (``None`` outside any)."""
+    h: SaveHandle | None = getattr(_inside, "handle", None)
+    return h
+
+
+def _run_inside(handle: SaveHandle, work: Callable[[], None]) -> Callable[[], None]:
+    """``work`` run with ``handle`` as this thread's current save."""
+    def run() -> None:
+        outer = _current()
+        _inside.handle = handle
+        try:
+            work()
+        finally:
+            _inside.handle = outer
+    return run
 
 
 class Background:
@@ -94,6 +115,8 @@ class SaveHandle:
 
 def wait_for_previous() -> None:
     """Block until this process's previous save finished; raise its error if unreported."""
+    if _current() is not None:
+        return  # a save nested in another's work: that one is still running, on this thread
     with _lock:
         prev = _last
     if prev is None:
@@ -109,9 +132,12 @@ def start(path: str, work: Callable[[], None], *, blocking: bool, started: float
     global _last
     handle = SaveHandle(path)
     handle.blocking_seconds = time.perf_counter() - started
+    nested = _current() is not None
+    work = _run_inside(handle, work)
     if blocking:
-        with _lock:
-            _last = handle
+        if not nested:
+            with _lock:
+                _last = handle
         try:
             work()
         except BaseException as e:
@@ -122,8 +148,9 @@ def start(path: str, work: Callable[[], None], *, blocking: bool, started: float
         handle.blocking_seconds = handle.total_seconds or 0.0
         return handle
 
-    with _lock:
-        _last = handle
+    if not nested:
+        with _lock:
+            _last = handle
     bg = Background(work, name=f"ocdbt-save:{path}", daemon=False, then=lambda e: handle._finish(e, started))
     handle._thread = bg.thread
     return handle

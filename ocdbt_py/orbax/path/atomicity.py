@@ -1,28 +1,135 @@
 """``ocp.path.atomicity``: how a save becomes visible, as Orbax names the two ways.
 
-``CommitFileTemporaryPath`` (write in place, then a ``commit_success.txt`` marker) and
-``AtomicRenameTemporaryPath`` (write to a temporary directory, then rename) are the values
-``CheckpointManagerOptions(temporary_path_class=...)`` takes.  ocdbt_py's saves already commit
-by rename on local disks and by the marker elsewhere (``spec/orbax.md``), so the class passed
-is accepted as a statement of intent; both leave a checkpoint Orbax restores.
+``AtomicRenameTemporaryPath`` (write into ``<name>.orbax-checkpoint-tmp``, then rename it to
+``<name>``) and ``CommitFileTemporaryPath`` (write into ``<name>`` itself, then add
+``commit_success.txt``) are what ``Checkpointer(temporary_path_class=...)`` and
+``CheckpointManagerOptions(temporary_path_class=...)`` take.  A checkpointer saving to a local
+directory goes through them as Orbax's does: ``from_final(directory)``, :meth:`create`, the
+handler writes into :meth:`get`, then :meth:`finalize` makes the checkpoint visible (a save
+interrupted before ``finalize`` leaves the temporary directory, which restores refuse as an
+incomplete checkpoint).  The native saves (:func:`ocdbt_py.checkpoint.save`, the manager)
+commit the same two ways by themselves (``spec/orbax.md``).
 """
 
 from __future__ import annotations
 
-from ocdbt_py.checkpoint.layout import COMMIT_MARKER
+import contextlib
+import os
+import pathlib
+import shutil
+from typing import Any
 
-__all__ = ["COMMIT_SUCCESS_FILE", "TemporaryPath", "AtomicRenameTemporaryPath", "CommitFileTemporaryPath"]
+from ocdbt_py.checkpoint.layout import COMMIT_MARKER
+from ocdbt_py.checkpoint.saving.atomic import TMP_SUFFIX
+from ocdbt_py.checkpoint.saving.layout_writer import commit_marker
+
+__all__ = ["COMMIT_SUCCESS_FILE", "TMP_DIR_SUFFIX", "TemporaryPath", "AtomicRenameTemporaryPath",
+           "CommitFileTemporaryPath"]
 
 COMMIT_SUCCESS_FILE = COMMIT_MARKER
+TMP_DIR_SUFFIX = TMP_SUFFIX
+_OLD_SUFFIX = TMP_SUFFIX + "-old"
+
+
+def _fsync_dir(path: pathlib.Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class TemporaryPath:
-    """Base of the two ways a checkpoint directory is finalized."""
+    """Where a checkpoint is written (:meth:`get`) until :meth:`finalize` makes it the one at
+    :meth:`get_final` (local directories)."""
+
+    def __init__(self, temporary_path: str | os.PathLike[str], final_path: str | os.PathLike[str]):
+        self._tmp = pathlib.Path(os.fspath(temporary_path))
+        self._final = pathlib.Path(os.fspath(final_path))
+
+    @classmethod
+    def from_final(cls, final_path: str | os.PathLike[str], **ignored: Any) -> TemporaryPath:
+        """The temporary path for a checkpoint that ends up at ``final_path``."""
+        raise NotImplementedError
+
+    def get(self) -> pathlib.Path:
+        """The directory written into."""
+        return self._tmp
+
+    def get_final(self) -> pathlib.Path:
+        """The directory the checkpoint ends up at."""
+        return self._final
+
+    def create(self) -> pathlib.Path:
+        """Make the directory written into (parents too); returns it."""
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        return self._tmp
+
+    def finalize(self) -> None:
+        """Make the written checkpoint visible at :meth:`get_final`."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self._tmp)!r} -> {str(self._final)!r})"
 
 
 class AtomicRenameTemporaryPath(TemporaryPath):
-    """Write into ``<name>.orbax-checkpoint-tmp-<n>``, then rename to ``<name>``."""
+    """Write into ``<name>.orbax-checkpoint-tmp``, then rename it to ``<name>``."""
+
+    @classmethod
+    def from_final(cls, final_path: str | os.PathLike[str], **ignored: Any) -> AtomicRenameTemporaryPath:
+        """``<final_path>.orbax-checkpoint-tmp``."""
+        final = pathlib.Path(os.fspath(final_path))
+        if TMP_DIR_SUFFIX in final.name:
+            raise ValueError(f'Expected final AtomicRenameTemporaryPath ({final}) not to end with "{TMP_DIR_SUFFIX}".')
+        return cls(final.parent / (final.name + TMP_DIR_SUFFIX), final)
+
+    def create(self) -> pathlib.Path:
+        """A fresh temporary directory (a stale one left by an interrupted save is removed)."""
+        if self._tmp.is_symlink():
+            raise ValueError(f"{self._tmp} is a symbolic link; refusing to write a checkpoint through it")
+        if self._tmp.exists():
+            shutil.rmtree(self._tmp)
+        self._tmp.mkdir(parents=True)
+        return self._tmp
+
+    def finalize(self) -> None:
+        """Rename the temporary directory to the final one (durably).  A checkpoint already
+        there (a save with ``force``) is moved aside first and removed after the rename."""
+        _fsync_dir(self._tmp)
+        old = None
+        if os.path.lexists(self._final):
+            old = self._final.parent / (self._final.name + _OLD_SUFFIX)
+            if os.path.lexists(old):
+                shutil.rmtree(old)
+            os.rename(self._final, old)
+        os.rename(self._tmp, self._final)
+        _fsync_dir(self._final.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 class CommitFileTemporaryPath(TemporaryPath):
     """Write into ``<name>`` itself, then add ``commit_success.txt``."""
+
+    @classmethod
+    def from_final(cls, final_path: str | os.PathLike[str], **ignored: Any) -> CommitFileTemporaryPath:
+        """The final directory itself."""
+        return cls(final_path, final_path)
+
+    def finalize(self) -> None:
+        """Write ``commit_success.txt`` (last)."""
+        (self._final / COMMIT_SUCCESS_FILE).write_bytes(commit_marker(str(self._final)))
+        _fsync_dir(self._final)
+
+
+def is_finalized(path: str | os.PathLike[str], temporary_path_class: type[TemporaryPath] | None = None) -> bool:
+    """Whether the checkpoint directory ``path`` was finalized: not a temporary directory's
+    name, and with ``CommitFileTemporaryPath`` its ``commit_success.txt`` present."""
+    p = pathlib.Path(os.fspath(path))
+    if TMP_DIR_SUFFIX in p.name:
+        return False
+    if temporary_path_class is not None and issubclass(temporary_path_class, CommitFileTemporaryPath):
+        return (p / COMMIT_SUCCESS_FILE).exists()
+    return True
