@@ -64,7 +64,8 @@ def _dotted(suffix: str, name: str) -> str:
 FACADES = {"", "args", "checkpoint_args", "checkpoint_managers", "checkpointers", "handlers", "utils", "type_handlers",
            "options", "metadata", "tree", "path", "logging"}
 # public submodules of the facades that ocdbt_py.orbax stands in for (``ocp.path.atomicity.X``)
-SUBMODULES = ["step", "path.step", "path.atomicity", "path.deleter", "path.format_utils"]
+SUBMODULES = ["step", "path.step", "path.atomicity", "path.deleter", "path.format_utils", "logging.step_statistics",
+              "metadata.value", "metadata.tree"]
 
 
 def _public_aliases() -> dict[int, list[tuple[str, str]]]:

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 
 from ocdbt_py.checkpoint.pytree import dotted, flatten_with_names
+from ocdbt_py.orbax.metadata_sharding import ShardingMetadata
 from ocdbt_py.orbax.type_handlers import ArrayRestoreArgs, RestoreArgs, SaveArgs
 
-__all__ = ["apply_save_args", "restore_target", "apply_reshapes", "strip_placeholders", "put_placeholders",
-           "PLACEHOLDER"]
+__all__ = ["apply_save_args", "restore_target", "jax_sharding", "apply_reshapes", "strip_placeholders",
+           "put_placeholders", "PLACEHOLDER"]
 
 #: Orbax's ``PLACEHOLDER``: a leaf of a restore target that is not restored (kept as ``...``).
 PLACEHOLDER = ...
@@ -53,6 +54,12 @@ def apply_save_args(item: Any, save_args: Any) -> tuple[Any, dict[str, int]]:
     return rebuild(values), sizes
 
 
+def jax_sharding(s: Any) -> Any:
+    """``s``, or the JAX sharding a saved ``ShardingMetadata`` describes (as Orbax's restore
+    accepts either in ``ArrayRestoreArgs.sharding``)."""
+    return s.to_jax_sharding() if isinstance(s, ShardingMetadata) else s
+
+
 def _stand_in(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """A zero-memory ndarray of ``shape`` and ``dtype``: tells the native restore the type."""
     return np.broadcast_to(np.zeros((), dtype=np.dtype(dtype)), tuple(shape))
@@ -62,11 +69,11 @@ def _array_target(args: ArrayRestoreArgs, like: Any, stored: Callable[[tuple[str
                   names: tuple[str, ...], reshapes: dict[tuple[str, ...], Any] | None = None) -> Any:
     import jax  # ArrayRestoreArgs name JAX shardings: JAX is loaded already
 
-    sharding = args.sharding
+    sharding = jax_sharding(args.sharding)
     if sharding is None and args.mesh is not None:
         sharding = jax.sharding.NamedSharding(args.mesh, args.mesh_axes)
     if sharding is None:
-        sharding = getattr(like, "sharding", None)
+        sharding = jax_sharding(getattr(like, "sharding", None))
     shape = args.global_shape
     dtype = args.dtype
     if shape is None and like is not None and hasattr(like, "shape"):

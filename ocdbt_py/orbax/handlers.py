@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from ocdbt_py.checkpoint.jsonio import read_json
-from ocdbt_py.checkpoint.layout import STEP_METADATA
+from ocdbt_py.checkpoint.layout import STEP_METADATA, TMP_SUFFIX
+from ocdbt_py.checkpoint.layout import step_metadata as read_step_doc
 from ocdbt_py.checkpoint.meta import metadata
 from ocdbt_py.checkpoint.pytree import flatten_with_names
 from ocdbt_py.checkpoint.restore.api import resolve, restore
@@ -42,18 +43,21 @@ from ocdbt_py.orbax._convert import (
     PLACEHOLDER,
     apply_reshapes,
     apply_save_args,
+    jax_sharding,
     put_placeholders,
     restore_target,
     strip_placeholders,
 )
 from ocdbt_py.orbax._foreign import refuse_orbax_object
 from ocdbt_py.orbax._saved_shardings import saved_sharding_target, settled_target
-from ocdbt_py.orbax.metadata import StepMetadata, step_metadata
+from ocdbt_py.orbax.metadata import StepMetadata
+from ocdbt_py.orbax.metadata_tree import read_tree_metadata
 from ocdbt_py.orbax.registry import (
     CheckpointHandlerRegistry,
     DefaultCheckpointHandlerRegistry,
     create_default_handler_registry,
 )
+from ocdbt_py.orbax.step_statistics import from_stored
 from ocdbt_py.orbax.transform_utils import apply_transformations
 from ocdbt_py.orbax.type_handlers import ArrayRestoreArgs, RestoreArgs
 from ocdbt_py.orbax.utils import is_primary_host
@@ -220,14 +224,19 @@ class CheckpointHandler:
         return self.restore_from(directory, args)
 
     def metadata(self, directory: Location) -> Any:
-        """The stored tree's metadata (shapes, dtypes), reading no array data."""
-        return metadata(directory)
+        """The stored tree's :class:`~ocdbt_py.orbax.metadata.TreeMetadata` (shapes, dtypes,
+        shardings), reading no array data; ``None`` for handlers that keep no metadata."""
+        if not self._builtin:
+            return None
+        return read_tree_metadata(directory)
 
     def item_metadata(self, location: Location, item: str | None) -> Any:
         """An item's metadata: a custom handler's own ``metadata`` (``None`` without one)."""
         if self._custom():
             return self.metadata(_local_dir(location, item)) if self._overrides("metadata") else None
-        return metadata(location, item=item) if item is not None else metadata(location)
+        if not self._builtin:
+            return None
+        return read_tree_metadata(location, item)
 
     def finalize(self, directory: Location) -> None:
         """Nothing to do: the native save commits atomically."""
@@ -319,7 +328,7 @@ def _place(value: Any, a: Any) -> Any:
     if isinstance(a, ArrayRestoreArgs):
         import jax  # ArrayRestoreArgs name JAX shardings: JAX is loaded already
 
-        sharding = a.sharding
+        sharding = jax_sharding(a.sharding)
         if sharding is None and a.mesh is not None:
             sharding = jax.sharding.NamedSharding(a.mesh, a.mesh_axes)
         return jax.device_put(value, sharding) if sharding is not None else jax.numpy.asarray(value)
@@ -440,11 +449,36 @@ class JsonCheckpointHandler(CheckpointHandler):
             raise FileNotFoundError(f"{kv.url.rstrip('/')}/{self.filename} does not exist.")
         return doc
 
+    def metadata(self, directory: Location) -> Any:
+        """``None``: Orbax's JSON handler keeps no metadata."""
+        return None
+
+    def item_metadata(self, location: Location, item: str | None) -> Any:
+        """``None``, as :meth:`metadata`."""
+        return None
+
     def to_native(self, args: args_lib.CheckpointArgs) -> NativeItem:
         """A :class:`JsonItem`."""
         if not isinstance(args, args_lib.JsonSave):
             raise TypeError(f"JsonCheckpointHandler saves JsonSave, not {type(args).__name__}")
         return NativeItem(JsonItem(args.item, filename=self.filename))
+
+
+def _exists(location: Location) -> bool:
+    """Whether a local directory exists (object-store prefixes always "exist")."""
+    if isinstance(location, KvStore):
+        p = location.local_path("")
+        return p is None or os.path.isdir(p)
+    base = os.fspath(location)
+    if "://" in base and not base.startswith("file://"):
+        return True
+    return os.path.isdir(base.removeprefix("file://"))
+
+
+def _item_dirs(r: Any) -> list[str]:
+    """The item directories of a step (every subdirectory, as Orbax lists them; temporary
+    and bookkeeping directories left out)."""
+    return [d for d in r.listing.dirs if d != "metrics" and TMP_SUFFIX not in d and not d.startswith(".")]
 
 
 class _HandleFuture:
@@ -591,18 +625,49 @@ class CompositeCheckpointHandler(CheckpointHandler):
         return self.restore_items(directory, args, available)
 
     def metadata(self, directory: Location) -> Any:
-        """The step's ``StepMetadata`` (``item_handlers``, ...) whose ``item_metadata`` is a
-        ``Composite`` of each item's metadata (``None`` for items whose handler keeps none)."""
+        """The step's ``StepMetadata``: ``item_handlers`` (as recorded, plus the type of the
+        handler of each item found whose handler is known) and ``item_metadata``, a
+        ``Composite`` of each item directory's metadata -- ``None`` for items whose handler is
+        not known (neither configured nor registered) or that hold nothing it can read, as
+        Orbax's.  A missing directory is a ``FileNotFoundError``."""
         try:
-            meta = step_metadata(directory, composite=True)
-        except NotFoundError:  # nothing saved there yet: no items, as Orbax
-            return StepMetadata(item_metadata=args_lib.Composite())
-        out = {}
-        for name in meta.item_metadata:
-            h = self.handlers.get(name)
-            out[name] = h.item_metadata(directory, name) if h is not None else meta.item_metadata[name]
-        meta.item_metadata = args_lib.Composite(**out)
-        return meta
+            r = resolve(directory)
+        except NotFoundError:
+            if not _exists(directory):
+                raise FileNotFoundError(f"Directory does not exist: {directory}") from None
+            return StepMetadata(item_handlers={}, item_metadata=args_lib.Composite())
+        doc = read_step_doc(r.kv) or {}
+        recorded = doc.get("item_handlers")
+        if recorded is not None and not isinstance(recorded, dict):
+            raise ValueError(f"StepMetadata.item_handlers must be a dict, but is a {type(recorded).__name__}. This "
+                             "likely indicates that the checkpoint was saved using a non-composite handler.")
+        item_handlers: dict[str, Any] = dict(recorded or {})
+        item_metadata: dict[str, Any] = {}
+        for name in _item_dirs(r):
+            h = self._known_handler(name)
+            if h is None:
+                item_handlers.setdefault(name, None)
+                item_metadata[name] = None
+                continue
+            if item_handlers.get(name) is None:
+                item_handlers[name] = h.typestr()
+            try:
+                item_metadata[name] = h.item_metadata(r.kv, name)
+            except (FileNotFoundError, NotFoundError, ValueError):
+                item_metadata[name] = None  # not an item its handler can read
+        return StepMetadata(item_handlers=item_handlers, item_metadata=args_lib.Composite(**item_metadata),
+                            metrics=doc.get("metrics") or {},
+                            performance_metrics=from_stored(doc.get("performance_metrics")),
+                            init_timestamp_nsecs=doc.get("init_timestamp_nsecs"),
+                            commit_timestamp_nsecs=doc.get("commit_timestamp_nsecs"),
+                            custom_metadata=doc.get("custom_metadata") or {})
+
+    def _known_handler(self, name: str) -> CheckpointHandler | None:
+        """The handler configured or registered for item ``name`` (``None`` if neither)."""
+        h = self.handlers.get(name)
+        if h is None and self.registry is not None and hasattr(self.registry, "handler_of_item"):
+            h = self.registry.handler_of_item(name)
+        return h
 
     def close(self) -> None:
         """Close every item's handler."""

@@ -12,7 +12,10 @@ import dataclasses
 import logging as _pylogging
 from typing import Any, Protocol
 
-__all__ = ["AbstractLogger", "StandardLogger", "CloudLogger", "CloudLoggerOptions", "CompositeLogger"]
+from ocdbt_py.orbax import step_statistics
+
+__all__ = ["AbstractLogger", "StandardLogger", "CloudLogger", "CloudLoggerOptions", "CompositeLogger",
+           "step_statistics"]
 
 _log = _pylogging.getLogger(__name__)
 

@@ -1,4 +1,13 @@
-"""``StepMetadata`` and ``RootMetadata`` as Orbax's checkpointers and manager return them."""
+"""``ocp.metadata``: what Orbax's checkpointers, handlers and manager return as metadata.
+
+``StepMetadata`` (a step's ``_CHECKPOINT_METADATA`` plus its items' metadata) and
+``RootMetadata`` (the manager root's), and the per-leaf classes of ``ocp.metadata.value``
+(``ArrayMetadata``, ``ScalarMetadata``, ``StringMetadata``), the saved shardings
+(``NamedShardingMetadata``, ``SingleDeviceShardingMetadata``) and the tree they sit in
+(``TreeMetadata``, in ``ocp.metadata.tree``).  The native API's
+:class:`~ocdbt_py.checkpoint.LeafMetadata` is not used here: it stays what
+``ocdbt_py.checkpoint.metadata`` returns.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +18,33 @@ from typing import Any
 
 from ocdbt_py.checkpoint.jsonio import read_json
 from ocdbt_py.checkpoint.layout import step_metadata as read_doc
-from ocdbt_py.checkpoint.meta import metadata
 from ocdbt_py.checkpoint.restore.api import resolve
+from ocdbt_py.checkpoint.restore.location import locate
 from ocdbt_py.kvstore.base import KvStore
+from ocdbt_py.orbax import metadata_sharding as sharding
+from ocdbt_py.orbax import metadata_tree as tree
+from ocdbt_py.orbax import metadata_value as value
 from ocdbt_py.orbax.args import Composite
+from ocdbt_py.orbax.metadata_sharding import NamedShardingMetadata, ShardingMetadata, SingleDeviceShardingMetadata
+from ocdbt_py.orbax.metadata_tree import TreeMetadata, item_tree_metadata
+from ocdbt_py.orbax.metadata_value import ArrayMetadata, Metadata, ScalarMetadata, StorageMetadata, StringMetadata
+from ocdbt_py.orbax.step_statistics import SaveStepStatistics, from_stored
 
-__all__ = ["StepMetadata", "RootMetadata", "step_metadata", "read_root_metadata", "write_root_metadata"]
+__all__ = ["StepMetadata", "RootMetadata", "Metadata", "ArrayMetadata", "ScalarMetadata", "StringMetadata",
+           "StorageMetadata", "ShardingMetadata", "NamedShardingMetadata", "SingleDeviceShardingMetadata",
+           "TreeMetadata", "value", "tree", "sharding", "step_metadata", "read_root_metadata",
+           "write_root_metadata"]
 
 
 @dataclasses.dataclass
 class StepMetadata:
-    """A step's (or item's) ``_CHECKPOINT_METADATA`` plus its items' tree metadata."""
+    """A step's (or item's) ``_CHECKPOINT_METADATA`` plus its items' metadata
+    (``item_metadata``: a :class:`TreeMetadata`, or per item a ``Composite`` of them)."""
 
     item_handlers: Any = None
     item_metadata: Any = None
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
-    performance_metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    performance_metrics: Any = dataclasses.field(default_factory=SaveStepStatistics)
     init_timestamp_nsecs: int | None = None
     commit_timestamp_nsecs: int | None = None
     custom_metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -62,19 +82,22 @@ def write_root_metadata(kv: KvStore, custom_metadata: dict[str, Any]) -> None:
 
 
 def step_metadata(location: str | os.PathLike[str] | KvStore, *, composite: bool) -> StepMetadata:
-    """Read :class:`StepMetadata` of a directory (``composite``: item metadata per item name)."""
+    """Read :class:`StepMetadata` of a directory (``composite``: a ``Composite`` of each
+    item's :class:`TreeMetadata`, ``None`` for JSON items, as Orbax's handlers give)."""
     r = resolve(location)
     doc = read_doc(r.kv) or {}
+    loc = locate(r.kv)
     if composite:
-        names = [n for n in r.items() if n != "metrics"]
-        items: Any = Composite(**{n: metadata(r.kv, item=n) for n in names})
+        items: Any = Composite(**{n: item_tree_metadata(il) for n, il in loc.items.items() if n != "metrics"})
+    elif loc.unwrap is None:  # several items read by a single-item checkpointer: each by name
+        items = {n: item_tree_metadata(il) for n, il in loc.items.items()}
     else:
-        items = metadata(r.kv)
+        items = item_tree_metadata(loc.items[loc.unwrap])
     return StepMetadata(
         item_handlers=doc.get("item_handlers"),
         item_metadata=items,
         metrics=doc.get("metrics") or {},
-        performance_metrics=doc.get("performance_metrics") or {},
+        performance_metrics=from_stored(doc.get("performance_metrics")),
         init_timestamp_nsecs=doc.get("init_timestamp_nsecs"),
         commit_timestamp_nsecs=doc.get("commit_timestamp_nsecs"),
         custom_metadata=doc.get("custom_metadata") or {},
