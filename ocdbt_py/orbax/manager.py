@@ -25,6 +25,7 @@ from ocdbt_py.checkpoint.restore.api import resolve
 from ocdbt_py.errors import NotFoundError, UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
+from ocdbt_py.orbax import _telemetry as telemetry
 from ocdbt_py.orbax import args as args_lib
 from ocdbt_py.orbax import preservation as pp
 from ocdbt_py.orbax import save_decision as sdp
@@ -170,6 +171,7 @@ class CheckpointManager:
                 refuse_orbax_object(h, f"item_handlers[{name!r}]")
         elif item_handlers is not None:
             refuse_orbax_object(item_handlers, "item_handlers")
+        telemetry.record_event("/jax/orbax/checkpoint_manager/init")
         self._logger = logger
         self._options = o = options or CheckpointManagerOptions()
         fmt = self._name_format(o)
@@ -186,11 +188,13 @@ class CheckpointManager:
                 reached_preemption=utils.reached_preemption),
             preservation=pp.NativePreservation(self._preservation), retention="orbax", on_commit=callback,
             todelete_subdir=o.todelete_subdir, async_save=o.enable_async_checkpointing, step_name_format=fmt,
-            storage_options=storage_options, cleanup=o.cleanup_tmp_directories, read_only=o.read_only)
+            storage_options=storage_options, cleanup=o.cleanup_tmp_directories, read_only=o.read_only,
+            clock=pp.now)
         self._default: bool | None = None
         handlers: dict[str, CheckpointHandler] = {}
         self._legacy = checkpointers is not None
         if checkpointers is not None:  # Orbax's older form: a Checkpointer, or item name -> Checkpointer
+            telemetry.record_event("/jax/orbax/deprecation/checkpoint_manager_legacy_init")
             if item_names is not None or item_handlers is not None:
                 raise ValueError("`checkpointers` cannot be combined with `item_names` or `item_handlers`.")
             if isinstance(checkpointers, Mapping):
@@ -227,10 +231,22 @@ class CheckpointManager:
             self._handler = CompositeCheckpointHandler(handler_registry=handler_registry)
         else:
             self._handler = CompositeCheckpointHandler(*(item_names or ()), **handlers)
+        self._met_items: set[str] = set()  # items a save or restore of this manager handled
         self._root_metadata: RootMetadata | None = None
+        if o.read_only and not any(True for _ in self._native.kv.list("metadata/")):
+            # as Orbax: a read-only manager without saved root metadata uses the one given
+            self._root_metadata = RootMetadata(custom_metadata={} if metadata is None else dict(metadata))
         if metadata is not None and o.save_root_metadata and not o.read_only and self._native.is_primary:
             write_root_metadata(self._native.kv, dict(metadata))
         self.reload()
+        telemetry.record_scalar("/jax/orbax/checkpoint_manager/continuous_checkpointing_enabled",
+                                int(self._continuous_checkpointing()))
+
+    def _continuous_checkpointing(self) -> bool:
+        """Whether the save decision policy given is (or holds) a ``ContinuousCheckpointingPolicy``."""
+        policy = self._options.save_decision_policy
+        policies = policy.policies if isinstance(policy, sdp.AnySavePolicy) else [policy]
+        return any(isinstance(p, sdp.ContinuousCheckpointingPolicy) for p in policies)
 
     @staticmethod
     def _name_format(o: CheckpointManagerOptions) -> StepNameFormat:
@@ -359,6 +375,7 @@ class CheckpointManager:
         if step in self.all_steps():
             raise StepAlreadyExistsError(f"Checkpoint for step {step} already exists.")
         natives, opts = self._handler.to_native_items(cargs)
+        self._met_items.update(natives)
         write = metrics is not None and self._track_best and not self._options.prevent_write_metrics
         started = time.time()
         self._native.save(step, natives, metrics=metrics, write_metrics=write, force=True,
@@ -433,6 +450,7 @@ class CheckpointManager:
         if cargs is None and self._default:
             cargs = args_lib.Composite(**{DEFAULT_ITEM_NAME: None})
         result = self._handler.restore_items(location, cargs, available)
+        self._met_items.update(result.keys())
         self._log_entry({"step": step, "event_type": "restore", "directory": str(directory or self.directory)})
         return result[DEFAULT_ITEM_NAME] if self._default else result
 
@@ -447,12 +465,23 @@ class CheckpointManager:
         if self._default is None:
             self._default = DEFAULT_ITEM_NAME in available
         meta = step_metadata(location, composite=True)
+        # as Orbax: an item whose handler this manager does not know yet (neither configured nor
+        # met by a save or restore) has no item metadata
+        meta.item_metadata = args_lib.Composite(**{
+            n: (v if self._knows_handler(n) else None) for n, v in meta.item_metadata.items()})
         if self._default:
             meta.item_metadata = meta.item_metadata[DEFAULT_ITEM_NAME]
         m = self.metrics(step)
         if m is not None:
             meta.metrics = m
         return meta
+
+    def _knows_handler(self, name: str) -> bool:
+        """Whether item ``name`` has a handler here: configured, registered or met by a save or restore."""
+        if name in self._met_items or self._handler.handlers.get(name) is not None:
+            return True
+        reg = self._handler.registry
+        return reg is not None and hasattr(reg, "handler_of_item") and reg.handler_of_item(name) is not None
 
     def item_metadata(self, step: int) -> Any:
         """The items' tree metadata (``metadata(step).item_metadata``)."""

@@ -63,14 +63,27 @@ _LEGACY_ROOT_METADATA_FILE = "metadata/metadata"
 
 
 def read_root_metadata(kv: KvStore) -> RootMetadata:
-    """The root metadata of a manager root (empty when none was saved)."""
+    """The root metadata of a manager root (empty when none was saved).
+
+    As Orbax: ``metadata/_ROOT_METADATA``, else the legacy ``metadata/metadata`` (what older
+    managers saved with a ``JsonCheckpointHandler``); keys other than ``internal_metadata`` and
+    ``custom_metadata`` belong to ``custom_metadata`` (an error when that is set too).
+    """
     for key in (ROOT_METADATA_FILE, _LEGACY_ROOT_METADATA_FILE):
         doc = read_json(kv, key)
         if isinstance(doc, dict):
             custom = doc.get("custom_metadata")
             internal = doc.get("internal_metadata")
-            return RootMetadata(internal if isinstance(internal, dict) else {},
-                                dict(custom) if isinstance(custom, dict) else {})
+            declared = bool(custom)
+            custom = dict(custom) if isinstance(custom, dict) else {}
+            for k, v in doc.items():
+                if k in ("custom_metadata", "internal_metadata"):
+                    continue
+                if declared:
+                    raise ValueError(f"Provided metadata contains unknown key {k}, and the custom_metadata field is "
+                                     "already defined.")
+                custom[k] = v
+            return RootMetadata(internal if isinstance(internal, dict) else {}, custom)
     return RootMetadata(custom_metadata={})
 
 

@@ -87,7 +87,7 @@ def _log_preservation_decision(policy_name: str, checkpoints: Sequence[PolicyChe
                        checkpoint.step)
 
 
-def _now() -> float:
+def now() -> float:
     """Now, read as Orbax's policy reads it (``datetime.datetime.now``, which tests patch)."""
     return datetime.datetime.now(tz=datetime.timezone.utc).timestamp()
 
@@ -252,7 +252,7 @@ class LatestDuration:
     def should_preserve(self, checkpoints: Sequence[PolicyCheckpointInfo], *,
                         context: PreservationContext) -> Sequence[bool]:
         """``False`` up to the first recent checkpoint, ``True`` from it on."""
-        policy = native.Recent(max(self.duration.total_seconds(), 0.0), clock=_now)
+        policy = native.Recent(max(self.duration.total_seconds(), 0.0), clock=now)
         return _flags(f"LatestDuration (duration={self.duration})", policy, checkpoints)
 
 
@@ -274,8 +274,13 @@ def default_policy(*, max_to_keep: int | None = None, keep_period: int | None = 
     return AnyPreservationPolicy(policies)
 
 
+#: the datetime class as imported: a test that patches ``datetime.datetime`` (to fix ``now``)
+#: still gets real datetimes for the checkpoint times
+_DATETIME = datetime.datetime
+
+
 def _utc(seconds: float) -> datetime.datetime:
-    return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    return _DATETIME.fromtimestamp(seconds, tz=datetime.timezone.utc)
 
 
 class NativePreservation:

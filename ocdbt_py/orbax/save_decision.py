@@ -165,8 +165,11 @@ class AnySavePolicy:
         return any(p.should_save(step, previous_steps=previous_steps, context=context) for p in self.policies)
 
 
+_DATETIME = datetime.datetime  # as imported: real datetimes even where a test patches ``datetime.datetime``
+
+
 def _utc(seconds: float) -> datetime.datetime:
-    return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    return _DATETIME.fromtimestamp(seconds, tz=datetime.timezone.utc)
 
 
 class _ShouldSaveFn:

@@ -44,16 +44,16 @@ def is_primary_host(primary_host: int | None = 0) -> bool:
 
 
 def reached_preemption(step: int) -> bool:
-    """Whether JAX's preemption sync point is reached (``False`` outside multi-process jobs)."""
+    """Whether JAX's preemption sync point is reached (as Orbax asks it: ``False`` without
+    ``jax.distributed`` or with JAX's preemption service disabled)."""
     if "jax" not in sys.modules:
         return False
-    import jax  # loaded already (checked above)
+    from jax.experimental import multihost_utils  # JAX's preemption sync point (JAX is loaded)
 
-    if jax.process_count() <= 1:
+    try:
+        return bool(multihost_utils.reached_preemption_sync_point(step))
+    except RuntimeError:  # the preemption service is disabled
         return False
-    from jax.experimental import multihost_utils  # JAX's preemption sync point
-
-    return bool(multihost_utils.reached_preemption_sync_point(step))
 
 
 def sync_global_processes(name: str, *args: Any, **kwargs: Any) -> None:

@@ -123,6 +123,8 @@ class CheckpointManager(Lifecycle):
       step is recorded.
     * ``todelete_subdir``: deleted steps are moved into ``<root>/<todelete_subdir>/``
       instead of being removed (Orbax's option of the same name).
+    * ``clock``: where a save's start time (what time-based preservation policies see) is
+      read from, in epoch seconds (default: ``time.time()``).
     """
 
     def __init__(
@@ -142,6 +144,7 @@ class CheckpointManager(Lifecycle):
         retention: str = "after_commit",
         on_commit: Callable[[], None] | None = None,
         todelete_subdir: str | None = None,
+        clock: Callable[[], float] | None = None,
     ):
         if step_name_format is not None and (step_prefix is not None or step_format_fixed_length is not None):
             raise ValueError("give step_name_format or step_prefix/step_format_fixed_length, not both")
@@ -153,6 +156,7 @@ class CheckpointManager(Lifecycle):
             raise TypeError(f"{preservation!r} is not a preservation policy (it has no keep method)")
         self.preservation = preservation
         self.async_save = bool(async_save)
+        self._clock = clock
         self.read_only = bool(read_only)
         opts = dict(save_options or {})
         unknown = set(opts) - SAVE_OPTIONS
@@ -366,7 +370,7 @@ class CheckpointManager(Lifecycle):
         self._take_root_hold(create=True)  # the first save of a root that did not exist yet
         self._steps.wait_recorded()  # saves run one at a time: wait for the previous commit
         self.check_for_errors()
-        started = time.time()
+        started = self._clock() if self._clock is not None else time.time()
         # On object stores a failed earlier save of this step may have left files without a
         # commit marker: they are no checkpoint, so the new save replaces them.
         replace = writes_in_place(self.kv) and not self.kv.exists(f"{name}/{COMMIT_MARKER}")

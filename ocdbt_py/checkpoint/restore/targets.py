@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ocdbt_py.checkpoint.pytree import Names, build_tree, dotted, flatten_with_names
-from ocdbt_py.checkpoint.restore.item import ARRAY, INLINE, SCALAR, Leaf, PyTreeItem
+from ocdbt_py.checkpoint.restore.item import ARRAY, EMPTY, INLINE, SCALAR, Leaf, PyTreeItem
 from ocdbt_py.checkpoint.restore.reader import LazyArray
 from ocdbt_py.errors import NotFoundError
 
@@ -88,7 +88,8 @@ def restore_with_target(item: PyTreeItem, target: Any, *, lazy: bool = False) ->
 
 
 def _convert_plain(leaf: Leaf, value: Any, t: Any) -> Any:
-    """A stored value converted to the type of a non-JAX target leaf."""
+    """A stored value converted to the type of a non-JAX target leaf (an empty container of the
+    target stands for an empty stored value)."""
     if isinstance(t, (np.ndarray, LazyArray)) and leaf.kind in (ARRAY, SCALAR, INLINE):
         dtype = np.dtype(t.dtype)
         if isinstance(value, LazyArray):
@@ -101,6 +102,8 @@ def _convert_plain(leaf: Leaf, value: Any, t: Any) -> Any:
         return t.dtype.type(np.asarray(value).item())
     if isinstance(t, (bool, int, float, complex)) and leaf.kind in (ARRAY, SCALAR, INLINE):
         return type(t)(np.asarray(value).item())
+    if leaf.kind == EMPTY and isinstance(t, (dict, list, tuple)) and not t:
+        return t  # the target's own empty container (an optax ``EmptyState`` stays one), as Orbax
     return value  # strings, empty values, and anything else: as stored
 
 
