@@ -8,7 +8,7 @@ import concurrent.futures
 import dataclasses
 import json
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -167,3 +167,16 @@ def test_custom_item_saving_a_builtin_item_inside_a_composite_save_finishes(tmp_
     got = mngr.restore(0, args=ocp.args.Composite(custom=WrapRestore()))
     mngr.close()
     _same(TREE, got.custom)
+
+
+class Empty(NamedTuple):
+    """A node without leaves, as optax's ``EmptyState``."""
+
+
+def test_empty_nodes_of_the_restore_item_are_kept(tmp_path) -> None:
+    tree = {"a": np.arange(3), "opt": (np.zeros(2), Empty(), Empty())}
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
+        ckptr.save(tmp_path / "ckpt", tree)
+        got = ckptr.restore(tmp_path / "ckpt", item=tree)
+    assert type(got["opt"][1]) is Empty and type(got["opt"][2]) is Empty  # as Orbax: the item's node
+    np.testing.assert_array_equal(got["a"], tree["a"])
