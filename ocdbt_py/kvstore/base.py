@@ -247,6 +247,21 @@ class KvStore(abc.ABC):
         raise UnsupportedError(f"{self.url} cannot read into buffers")
 
     @property
+    def supports_read_parts(self) -> bool:
+        """Whether :meth:`read_parts` reads a range as consecutive parts, each available as
+        soon as it arrives (so a reader can start on the first before the last is in)."""
+        return False
+
+    def read_parts(self, key: str, lo: int, hi: int
+                   ) -> builtins.list[tuple[int, concurrent.futures.Future[Any]]]:
+        """Start reading bytes ``[lo, hi)`` of ``key`` as consecutive parts: ``(offset,
+        future)`` in offset order, each part ending where the next starts (the last at
+        ``hi``).  A future gives the part's bytes (a bytes-like object; shorter, or empty,
+        where the object ends first), or ``None`` when the key is absent.  Only where
+        :attr:`supports_read_parts`."""
+        raise UnsupportedError(f"{self.url} cannot read in parts")
+
+    @property
     def supports_read_ahead(self) -> bool:
         """Whether :meth:`read_ahead` starts fetches that later reads take over (stores where
         every request pays a network round trip)."""

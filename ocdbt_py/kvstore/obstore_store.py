@@ -114,8 +114,13 @@ class ObstoreStore(ReadAhead, KvStore):
     coalesce_gap = 1 << 20
     #: ... as long as a merged request stays within this many bytes
     coalesce_max_span = 32 << 20
-    #: :meth:`read_into` fetches a larger range as concurrent requests of this many bytes
+    #: :meth:`read_into` and :meth:`read_parts` fetch a larger range as concurrent requests
+    #: of this many bytes
     part_bytes = 8 << 20
+    #: :meth:`read_parts` keeps at most this many part requests in flight (across all its
+    #: calls), started in the order asked for: the first part of the first range arrives
+    #: first instead of sharing the link with every other one
+    parts_in_flight = 8
 
     def __init__(self, store: Any, url: str, *, read_only: bool = False, single_writer: bool = False,
                  custom_endpoint: bool = False, secrets: Iterable[str] = (), lister: Any = None):
@@ -131,6 +136,7 @@ class ObstoreStore(ReadAhead, KvStore):
         #: a listing of another kind (HTTP servers list by their index pages): a KvStore
         self._lister = lister
         self._sem: asyncio.Semaphore | None = None
+        self._parts_sem: asyncio.Semaphore | None = None
         self._no_suffix = False
         self._init_ahead()
 
@@ -575,6 +581,35 @@ class ObstoreStore(ReadAhead, KvStore):
         m = len(data)
         buf[a:a + m] = memoryview(data)
         return m
+
+    @property
+    def supports_read_parts(self) -> bool:
+        return True
+
+    def read_parts(self, key: str, lo: int, hi: int
+                   ) -> builtins.list[tuple[int, concurrent.futures.Future[Any]]]:
+        """Start reading bytes ``[lo, hi)`` of ``key`` as parts of :attr:`part_bytes`:
+        ``(offset, future)`` in offset order; each future gives the part as obstore returns it
+        (a buffer, not copied), shorter or empty where the object ends first, or ``None``
+        when it is absent, and raises :class:`StorageError` on failure.  Parts start in the
+        order asked for, at most :attr:`parts_in_flight` at a time (each also counts toward
+        :attr:`max_concurrency`)."""
+        validate_key(key)
+        if lo < 0 or hi < lo:
+            raise ValueError("read_parts needs 0 <= lo <= hi")
+        return [(a, run_on_loop(self._ordered_part(key, a, min(a + self.part_bytes, hi))))
+                for a in range(lo, hi, self.part_bytes)]
+
+    async def _ordered_part(self, key: str, lo: int, hi: int) -> Any:
+        if self._parts_sem is None:
+            self._parts_sem = asyncio.Semaphore(self.parts_in_flight)
+        async with self._parts_sem:
+            try:
+                return await self._limited(self._read_raw(key, lo, hi))
+            except OcdbtError:
+                raise
+            except Exception as e:
+                raise self._fail("reading", key, e) from e
 
     async def _read_raw(self, key: str, lo: int, hi: int) -> Any:
         """Bytes ``[lo, hi)`` as obstore returns them (no copy), ``b""`` past the end, ``None``

@@ -45,7 +45,7 @@ class InjectedFault(StorageError):
 _AROUND = frozenset({
     "exists", "size", "list_sized", "list_dir", "delete_prefix", "local_path", "no_follow_root",
     "fsspec_location", "syncs_later", "note_written", "supports_read_into", "read_into",
-    "supports_read_ahead", "read_ahead", "lists_sizes",
+    "supports_read_parts", "read_parts", "supports_read_ahead", "read_ahead", "lists_sizes",
 })
 
 

@@ -49,8 +49,8 @@ class RequestStats:
 #: members that would read around the delay and the counters: KvStore's defaults instead
 _AROUND = frozenset({
     "exists", "list_sized", "delete_prefix", "local_path", "no_follow_root", "fsspec_location",
-    "syncs_later", "note_written", "supports_read_into", "read_into", "supports_read_ahead",
-    "read_ahead", "lists_sizes",
+    "syncs_later", "note_written", "supports_read_into", "read_into", "supports_read_parts",
+    "read_parts", "supports_read_ahead", "read_ahead", "lists_sizes",
 })
 
 

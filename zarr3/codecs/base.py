@@ -14,7 +14,7 @@ import abc
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, Protocol, Union
 
 import numpy as np
 
@@ -28,6 +28,7 @@ __all__ = [
     "ArrayArrayCodec",
     "ArrayBytesCodec",
     "BytesBytesCodec",
+    "ByteSource",
     "check_config",
     "as_uint8",
     "encoder_int",
@@ -184,6 +185,21 @@ class ArrayBytesCodec(Codec):
         """Upper bound of the encoded size."""
 
 
+class ByteSource(Protocol):
+    """Encoded bytes that arrive in pieces (a remote read in parts): what
+    :meth:`BytesBytesCodec.decode_stream_into` and :meth:`~zarr3.codecs.chain.CodecChain.decode_stream_into` read."""
+
+    @property
+    def nbytes(self) -> int:
+        """The length of the whole."""
+
+    def head(self, n: int) -> Buffer:
+        """The first ``n`` bytes (fewer only if the whole is shorter), waiting for them."""
+
+    def read(self, n: int) -> Buffer:
+        """The next piece of at most ``n`` bytes (waiting for it), empty at the end."""
+
+
 class BytesBytesCodec(Codec):
     """Transforms bytes into bytes (compressors, checksums)."""
 
@@ -203,6 +219,14 @@ class BytesBytesCodec(Codec):
         """Decode ``data`` into ``out``, which has exactly the decoded size."""
         res = self.decode(data, len(out), len(out))
         out[:] = as_uint8(res)
+
+    #: whether :meth:`decode_stream_into` decodes as the input arrives
+    streams = False
+
+    def decode_stream_into(self, source: ByteSource, out: memoryview) -> None:
+        """Decode the bytes ``source`` yields into ``out`` (exactly the decoded size) as they
+        arrive.  Only where :attr:`streams`."""
+        raise NotImplementedError
 
     def check_decodable(self, data: Buffer, size: int | None) -> None:
         """Raise :class:`CorruptionError` if ``data`` cannot decode to ``size`` bytes, judged

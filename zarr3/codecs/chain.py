@@ -13,6 +13,7 @@ from zarr3.codecs.base import (
     ArrayBytesCodec,
     Buffer,
     BytesBytesCodec,
+    ByteSource,
     ChunkSpec,
     Codec,
     as_uint8,
@@ -219,6 +220,34 @@ class CodecChain:
             bb[0].decode_into(data, target)
             return
         np.copyto(out, self.decode(data, scratch), casting="no")
+
+    def streams_into(self, out: np.ndarray) -> bool:
+        """Whether :meth:`decode_stream_into` can decode into ``out`` as the stored bytes
+        arrive: the chunk is stored as its native bytes, uncompressed or under one codec that
+        decodes a stream (zstd), and ``out`` is contiguous and writable."""
+        return bool(self.direct and out.flags.c_contiguous and out.flags.writeable
+                    and (not self.bb or (len(self.bb) == 1 and self.bb[0].streams)))
+
+    def decode_stream_into(self, source: ByteSource, out: np.ndarray) -> None:
+        """Decode the stored chunk ``source`` yields straight into ``out`` (shape
+        ``spec.shape``), each piece as it arrives.  Only where :meth:`streams_into`."""
+        target = as_uint8(out)
+        if self.bb:
+            self.bb[0].decode_stream_into(source, target)
+            return
+        n = source.nbytes
+        if n != len(target):
+            raise CorruptionError(f"chunk holds {n} bytes, expected {len(target)} for shape "
+                                  f"{list(self.spec.shape)} of {self.spec.dtype.name}")
+        got = 0
+        while got < n:
+            piece = as_uint8(source.read(n - got))
+            if not len(piece):
+                break
+            target[got: got + len(piece)] = piece
+            got += len(piece)
+        if got != n:
+            raise CorruptionError(f"chunk holds {got} bytes, expected {n}")
 
     # -- encoding ------------------------------------------------------------------------
     def encode(self, arr: np.ndarray, *, write_empty_chunks: bool = False) -> Buffer | None:

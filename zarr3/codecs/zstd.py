@@ -14,13 +14,15 @@ from typing import Any
 import zstandard
 
 from ocdbt_py.errors import CorruptionError
-from zarr3.codecs.base import Buffer, BytesBytesCodec, ChunkSpec, as_uint8, check_config, clamp, encoder_int
+from zarr3.codecs.base import Buffer, BytesBytesCodec, ByteSource, ChunkSpec, as_uint8, check_config, clamp, encoder_int
 from zarr3.errors import MetadataError
 
-__all__ = ["ZstdCodec", "zstd_compress", "zstd_decompress"]
+__all__ = ["ZstdCodec", "zstd_compress", "zstd_decompress", "zstd_decompress_into", "zstd_decompress_stream_into"]
 
 _local = threading.local()
 _STEP = 1 << 20
+#: The longest zstd frame header (what ``frame_content_size`` reads)
+_FRAME_HEADER_MAX = 18
 #: No zstd data decodes to more than this many times its length: every block has a 3-byte
 #: header and at least one byte of content (an RLE block), and yields at most 128 KiB.
 MAX_RATIO = (128 << 10) // 4
@@ -83,10 +85,12 @@ def zstd_compress(data: Buffer, level: int, checksum: bool, *, streaming: bool =
     return bytes(buf[:got])
 
 
-def _check_header(data: Buffer, size: int | None, bound: int) -> None:
+def _check_header(data: Buffer, size: int | None, bound: int, n: int | None = None) -> None:
     """Reject, before anything is allocated, a frame that declares more than expected and a
-    decoded size that ``data`` is too short to produce (a 13-byte frame cannot hold 2 GiB)."""
-    n = memoryview(data).nbytes
+    decoded size that ``data`` is too short to produce (a 13-byte frame cannot hold 2 GiB).
+    ``n``: the length of the whole when ``data`` is only its first bytes."""
+    if n is None:
+        n = memoryview(data).nbytes
     if size is not None and size > MAX_RATIO * n:
         raise CorruptionError(f"{n} bytes of zstd data cannot decompress to the {size} bytes expected")
     try:
@@ -138,6 +142,24 @@ def zstd_decompress_into(data: Buffer, out: memoryview) -> None:
     _check_header(data, size, size)
     try:
         reader = _dctx().stream_reader(data, read_across_frames=True)
+        got = _readinto_all(reader, out)
+        extra = reader.read(1)
+    except zstandard.ZstdError as e:
+        raise CorruptionError(f"zstd decompression failed: {e}") from e
+    if extra:
+        raise CorruptionError(f"zstd data decompresses to more than {size} bytes")
+    if got != size:
+        raise CorruptionError(f"zstd data decompressed to {got} bytes, expected {size}")
+
+
+def zstd_decompress_stream_into(source: ByteSource, out: memoryview) -> None:
+    """Decompress the zstd data ``source`` yields into ``out`` (exactly its length, else
+    :class:`CorruptionError`) as it arrives: each piece is decoded while later ones are still
+    on their way, straight into ``out``."""
+    size = len(out)
+    _check_header(source.head(_FRAME_HEADER_MAX), size, size, source.nbytes)
+    try:
+        reader = _dctx().stream_reader(source, read_size=_STEP, read_across_frames=True)
         got = _readinto_all(reader, out)
         extra = reader.read(1)
     except zstandard.ZstdError as e:
@@ -207,6 +229,11 @@ class ZstdCodec(BytesBytesCodec):
 
     def decode_into(self, data: Buffer, out: memoryview) -> None:
         zstd_decompress_into(data, out)
+
+    streams = True
+
+    def decode_stream_into(self, source: ByteSource, out: memoryview) -> None:
+        zstd_decompress_stream_into(source, out)
 
     def verifies(self, data: Buffer | None) -> bool:
         """When the frame carries its content checksum: always with ``checksum`` set, else

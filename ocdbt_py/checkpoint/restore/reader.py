@@ -37,7 +37,7 @@ from ocdbt_py.checkpoint.restore.gcpause import paused_gc
 from ocdbt_py.checkpoint.restore.localread import LocalSource, Placement, local_root
 from ocdbt_py.checkpoint.restore.locations import LocationTable
 from ocdbt_py.checkpoint.restore.pages import HUGE_MIN, output_pages
-from ocdbt_py.checkpoint.restore.remoteread import Prefetch, RemoteSource
+from ocdbt_py.checkpoint.restore.remoteread import STREAM_MIN, PartView, Prefetch, RemoteSource
 from ocdbt_py.checkpoint.restore.singles import SingleBatch
 from ocdbt_py.checkpoint.restore.storage import ArrayStore
 from ocdbt_py.errors import CorruptionError
@@ -82,7 +82,7 @@ class OverlayStore(WrapperStore):
 
     withheld = frozenset({
         "exists", "size", "local_path", "no_follow_root", "fsspec_location", "supports_read_into",
-        "read_into", "supports_read_ahead", "read_ahead", "is_remote", "set", "set_parts", "delete",
+        "read_into", "supports_read_parts", "read_parts", "supports_read_ahead", "read_ahead", "is_remote", "set", "set_parts", "delete",
         "delete_prefix", "get_with_generation", "set_if", "syncs_later", "note_written",
         "supports_conditional_writes", "close",
     })
@@ -557,6 +557,11 @@ class ArrayReader:
                 region[...] = self._missing_chunk(p, key, m)
                 return
             try:
+                if isinstance(data, PartView):  # read in parts: decoded as they arrive where it can be
+                    if local is None and data.nbytes >= STREAM_MIN and m.chain.streams_into(region):
+                        m.chain.decode_stream_into(data, region)
+                        return
+                    data = data.whole()
                 _decode_job(m, data, region, local)()
             except CorruptionError as e:
                 raise CorruptionError(f"array {p!r}: {e.reason}", path=self.kv.url) from e

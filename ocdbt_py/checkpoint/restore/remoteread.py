@@ -29,6 +29,7 @@ read each range straight into a buffer taken from a small reuse pool; any other 
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import os
 from collections import deque
@@ -46,7 +47,8 @@ from ocdbt_py.kvstore.futures import all_done
 from ocdbt_py.pools import shared
 from zarr3.engine.executor import get_pool, num_threads
 
-__all__ = ["RemoteSource", "Prefetch", "IN_FLIGHT_BYTES", "MAX_SPAN", "GAP", "fetch_budget"]
+__all__ = ["RemoteSource", "Prefetch", "Parts", "PartView", "IN_FLIGHT_BYTES", "MAX_SPAN", "GAP", "STREAM_MIN",
+           "fetch_budget"]
 
 #: Fetched bytes (compressed, not yet decoded) held at a time; ``OCDBT_PY_FETCH_BYTES``
 #: overrides it.  This, not the CPU count, sets how many requests are in flight.
@@ -74,23 +76,29 @@ PREFETCH_FIRST_ALONE = True
 #: Values of one request are decoded in jobs of about this many bytes (both workers share
 #: the last request instead of one decoding it alone).
 DECODE_JOB_BYTES = 4 << 20
+#: Values of at least this many bytes read in parts (stores with ``read_parts``) are decoded
+#: as their parts arrive, where their codecs can (one zstd, or none): the decode of a large
+#: chunk then overlaps its own transfer instead of starting after it.
+STREAM_MIN = 1 << 20
 #: Most requests in flight at once (on top of the byte budget).
 MAX_REQUESTS = 64
 #: Keys per ``get_many`` when values cannot be located in advance (one object per chunk).
 KEYS_PER_BATCH = 64
 
-def fetch_budget(total: int = 0) -> int:
+def fetch_budget(total: int = 0, largest: int = 0) -> int:
     """The in-flight byte budget for reading ``total`` bytes: ``OCDBT_PY_FETCH_BYTES`` if set,
     else :data:`IN_FLIGHT_BYTES`, growing with large reads (an eighth of ``total``) up to
     :data:`MAX_IN_FLIGHT_BYTES`: more requests in flight keep a long link busy, at a memory
-    cost that stays a small fraction of what the read returns."""
+    cost that stays a small fraction of what the read returns.  It also grows, up to the same
+    cap, to twice the ``largest`` request, so that the next one is on its way while one is
+    decoded (four 60 MiB chunks within 64 MiB were fetched and decoded strictly in turn)."""
     env = os.environ.get("OCDBT_PY_FETCH_BYTES")
     if env:
         try:
             return max(1 << 20, int(env))
         except ValueError:
             pass
-    return max(IN_FLIGHT_BYTES, min(MAX_IN_FLIGHT_BYTES, total // 8))
+    return max(IN_FLIGHT_BYTES, min(MAX_IN_FLIGHT_BYTES, max(total // 8, 2 * largest)))
 
 
 class _Pool(SlabPool):
@@ -100,12 +108,12 @@ class _Pool(SlabPool):
         super().__init__(limit, MAX_SPAN)
 
 
-def _claim(vals: list[tuple[int, int, int]], jobs: list[_Job]
+def _claim(vals: list[tuple[int, int, int]], jobs: list[_Job], join: bool = True
            ) -> tuple[list[tuple[int, int, int]], list[tuple[tuple[int, int, int], _Job, _Job]]]:
     """Give each value (``(index, offset, length)``, sorted by offset) that lies wholly inside
-    one of ``jobs``' ranges to that job.  Return the values left for new requests, and the
-    values that straddle two adjacent ranges (with those two jobs): they are joined from the
-    two ranges' bytes when both have arrived instead of being fetched again."""
+    one of ``jobs``' ranges to that job.  Return the values left for new requests, and (with
+    ``join``) the values that straddle two adjacent ranges (with those two jobs): they are
+    joined from the two ranges' bytes when both have arrived instead of being fetched again."""
     spans = sorted(jobs, key=lambda j: j.spans[0][2])
     rest: list[tuple[int, int, int]] = []
     split: list[tuple[tuple[int, int, int], _Job, _Job]] = []
@@ -116,7 +124,7 @@ def _claim(vals: list[tuple[int, int, int]], jobs: list[_Job]
             k += 1
         if k < len(spans) and spans[k].spans[0][2] <= a and b <= spans[k].spans[0][3]:
             spans[k].spans[0][4].append(v)
-        elif (k + 1 < len(spans) and spans[k].spans[0][2] <= a
+        elif (join and k + 1 < len(spans) and spans[k].spans[0][2] <= a
               and spans[k + 1].spans[0][2] == spans[k].spans[0][3] and b <= spans[k + 1].spans[0][3]):
             split.append((v, spans[k], spans[k + 1]))
         else:
@@ -127,7 +135,7 @@ def _claim(vals: list[tuple[int, int, int]], jobs: list[_Job]
 class _Job:
     """One request (or one ``get_many`` batch) and the values it answers."""
 
-    __slots__ = ("nbytes", "spans", "buf", "keys", "feeds", "pending")
+    __slots__ = ("nbytes", "spans", "buf", "keys", "feeds", "pending", "parts", "early")
 
     def __init__(self, nbytes: int, spans: list[tuple[int, str, int, int, list[tuple[int, int, int]]]],
                  keys: list[tuple[int, str]] | None = None):
@@ -141,12 +149,115 @@ class _Job:
         self.feeds: list[_Job] = []
         #: for such a joined value: how many of its two ranges have not arrived yet
         self.pending = 0
+        #: the range's parts, from a store that reads in parts
+        self.parts: Parts | None = None
+        #: its values were handed to the decode workers when it started (they wait for parts)
+        self.early = False
+
+
+class Parts:
+    """The parts of one requested range ``[lo, hi)`` of a data file
+    (:meth:`~ocdbt_py.kvstore.base.KvStore.read_parts`), in offset order."""
+
+    __slots__ = ("where", "lo", "hi", "offsets", "futs")
+
+    def __init__(self, where: str, lo: int, hi: int, parts: Sequence[tuple[int, concurrent.futures.Future[Any]]]):
+        self.where = where
+        self.lo = lo
+        self.hi = hi
+        self.offsets = [o for o, _ in parts]
+        self.futs = [f for _, f in parts]
+
+    def index(self, offset: int) -> int:
+        """The part holding byte ``offset`` of the data file."""
+        return bisect.bisect_right(self.offsets, offset) - 1
+
+    def piece(self, k: int) -> memoryview:
+        """The bytes of part ``k`` once it has arrived, checked to be all there."""
+        got = self.futs[k].result()
+        lo = self.offsets[k]
+        want = (self.offsets[k + 1] if k + 1 < len(self.offsets) else self.hi) - lo
+        if got is None:
+            raise CorruptionError("data file referenced by the database is missing", path=self.where)
+        mv = memoryview(got)
+        if mv.nbytes != want:
+            raise CorruptionError(f"data file is truncated: wanted {want} bytes at offset {lo}, got {mv.nbytes}",
+                                  path=self.where, offset=lo)
+        return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+class PartView:
+    """Bytes ``[a, b)`` of a :class:`Parts`: a value as ``consume`` gets it from a store that
+    reads in parts.  :meth:`whole` waits for all of it (a view where it lies in one part, else
+    a joined copy); :meth:`read` and :meth:`head` (a
+    :class:`~zarr3.codecs.base.ByteSource`) give it piece by piece as the parts arrive, for
+    decoding while the rest is on its way."""
+
+    __slots__ = ("parts", "a", "b", "_pos")
+
+    def __init__(self, parts: Parts, a: int, b: int):
+        self.parts = parts
+        self.a = a
+        self.b = b
+        self._pos = a
+
+    @property
+    def nbytes(self) -> int:
+        """The value's length."""
+        return self.b - self.a
+
+    def __len__(self) -> int:
+        return self.b - self.a
+
+    def _slice(self, lo: int, hi: int) -> memoryview | bytes:
+        """Bytes ``[lo, hi)`` of the data file (within the view): a view of one part, or a
+        copy joined from several."""
+        parts = self.parts
+        k = parts.index(lo)
+        mv = parts.piece(k)
+        off = parts.offsets[k]
+        if hi - off <= len(mv):
+            return mv[lo - off: hi - off]
+        out = bytearray()
+        while lo < hi:
+            out += mv[lo - off: min(hi, off + len(mv)) - off]
+            lo = off + len(mv)
+            if lo < hi:
+                k += 1
+                mv, off = parts.piece(k), parts.offsets[k]
+        return bytes(out)
+
+    def whole(self) -> memoryview | bytes:
+        """All of the value, once it has arrived."""
+        return self._slice(self.a, self.b)
+
+    def head(self, n: int) -> memoryview | bytes:
+        """The first ``n`` bytes (fewer if the value is shorter), waiting for them."""
+        return self._slice(self.a, min(self.b, self.a + max(0, n)))
+
+    def read(self, n: int) -> memoryview | bytes:
+        """The next piece of at most ``n`` bytes (within one part), empty at the end."""
+        pos = self._pos
+        if pos >= self.b or n <= 0:
+            return b""
+        parts = self.parts
+        k = parts.index(pos)
+        mv = parts.piece(k)
+        off = parts.offsets[k]
+        end = min(off + len(mv), self.b, pos + n)
+        self._pos = end
+        return mv[pos - off: end - off]
 
 
 def _start_span(job: _Job, stores: Sequence[KvStore], _pool: _Pool) -> concurrent.futures.Future[Any]:
-    """Start the one ranged read of ``job``: into a pooled buffer where the store can."""
+    """Start the one ranged read of ``job``: in parts that can be used as they arrive, or
+    into a pooled buffer, where the store can."""
     si, fk, lo, hi, _ = job.spans[0]
     store = stores[si]
+    if store.supports_read_parts:
+        parts = store.read_parts(fk, lo, hi)
+        job.parts = Parts(f"{store.url.rstrip('/')}/{fk}", lo, hi, parts)
+        return all_done([f for _, f in parts])
     if store.supports_read_into:
         job.buf = _pool.take(hi - lo)
         return store.read_into([(fk, lo, job.buf.data[: hi - lo])])[0]
@@ -179,7 +290,9 @@ class Prefetch:
     """
 
     def __init__(self, stores: Sequence[KvStore], files: Sequence[tuple[int, str, int]], budget: int | None = None):
-        self.budget = fetch_budget(sum(f[2] for f in files)) if budget is None else budget
+        if budget is None:
+            budget = fetch_budget(sum(f[2] for f in files), max((f[2] for f in files), default=0))
+        self.budget = budget
         self.pool = _Pool(self.budget)
         self.jobs: list[tuple[_Job, concurrent.futures.Future[Any]]] = []
         self.used = False
@@ -187,6 +300,16 @@ class Prefetch:
         later: list[tuple[_Job, concurrent.futures.Future[Any]]] = []
         for si, fk, size in sorted(files, key=lambda f: (-f[2], f[0], f[1])):
             if size < PREFETCH_MIN_FILE:
+                continue
+            if stores[si].supports_read_parts:
+                # parts arrive in the order asked for, each usable at once: whole files that
+                # fit (no value is cut), or the first budget's worth of the first one
+                if held + size > self.budget and self.jobs:
+                    continue
+                hi = min(size, self.budget - held)
+                job = _Job(hi, [(si, fk, 0, hi, [])])
+                self.jobs.append((job, _start_span(job, stores, self.pool)))
+                held += hi
                 continue
             lo = 0
             while lo < size and held < self.budget:
@@ -288,7 +411,7 @@ class RemoteSource:
         for (si, fk), vals in by_file.items():
             vals.sort(key=lambda v: v[1])
             if pre.get((si, fk)):
-                vals, split = _claim(vals, pre[(si, fk)])
+                vals, split = _claim(vals, pre[(si, fk)], join=not self.stores[si].supports_read_parts)
                 for v, first, second in split:
                     joined = _Job(v[2], [(si, fk, v[1], v[1] + v[2], [v])])
                     joined.pending = 2
@@ -333,6 +456,9 @@ class RemoteSource:
         if job.keys is not None:
             return [(i, v) for (i, _), v in zip(job.keys, result)]
         _, _, lo, _, members = job.spans[0]
+        if job.parts is not None:
+            parts = job.parts
+            return [(i, PartView(parts, off, off + n)) for i, off, n in members]
         data = self._data(job, result)
         return [(i, data[off - lo: off - lo + n]) for i, off, n in members]
 
@@ -368,7 +494,10 @@ class RemoteSource:
         if prefetched is not None and (prefetched.used or self.table is None):
             prefetched = None
         jobs, ready = self._plan(keys, size_hints, prefetched)
-        budget = prefetched.budget if prefetched is not None else fetch_budget(sum(j.nbytes for j in jobs))
+        largest = max((j.nbytes for j in jobs), default=0)
+        budget = fetch_budget(sum(j.nbytes for j in jobs), largest)
+        if prefetched is not None:
+            budget = max(budget, prefetched.budget)
         # per read: reuse within it, nothing kept after it
         buffers = prefetched.pool if prefetched is not None else _Pool(budget)
         pool = get_pool() if num_threads() > 1 else None
@@ -376,11 +505,21 @@ class RemoteSource:
         fetching: dict[concurrent.futures.Future[Any], _Job] = {}
         decoding: dict[concurrent.futures.Future[Any], _Job | None] = {}
         held = 0
-        if prefetched is not None:
-            prefetched.used = True
-            for job, fut in prefetched.jobs:
-                held += job.nbytes
-                fetching[fut] = job
+
+        def start_early(job: _Job) -> None:
+            # values read in parts go to the decode workers at once: each is decoded as its
+            # parts arrive (see PartView), while the rest of the read is on its way
+            if pool is not None and job.parts is not None and job.spans[0][4]:
+                job.early = True
+                submit_decode(self._answers(job, None), job)
+
+        def finished(job: _Job) -> None:
+            nonlocal held
+            held -= job.nbytes
+            job.parts = None
+            if job.buf is not None:
+                buffers.give(job.buf)
+                job.buf = None
 
         def decode_all(answers: list[tuple[int, Any]]) -> None:
             for i, v in answers:
@@ -412,6 +551,12 @@ class RemoteSource:
             decoding[all_done(parts)] = job
 
         try:
+            if prefetched is not None:
+                prefetched.used = True
+                for job, fut in prefetched.jobs:
+                    held += job.nbytes
+                    fetching[fut] = job
+                    start_early(job)
             for lo in range(0, len(ready), 256):
                 submit_decode(ready[lo: lo + 256], None)
             while queue or fetching or decoding:
@@ -420,21 +565,21 @@ class RemoteSource:
                     job = queue.popleft()
                     held += job.nbytes
                     fetching[self._start(job, buffers)] = job
+                    start_early(job)
                 done, _ = concurrent.futures.wait(list(fetching) + list(decoding),
                                                   return_when=concurrent.futures.FIRST_COMPLETED)
                 for f in done:
                     if f in fetching:
                         job = fetching.pop(f)
+                        if job.early:  # its values are being decoded already
+                            continue
                         if job.feeds:  # a prefetched range holding part of a straddling value
                             taken, joined = self._feed(job, f.result(), buffers)
                             held += taken
                             for jj in joined:
                                 submit_decode(self._answers(jj, jj.spans[0][3] - jj.spans[0][2]), jj)
                         if job.keys is None and not job.spans[0][4]:  # a prefetched range nothing fell in
-                            held -= job.nbytes
-                            if job.buf is not None:
-                                buffers.give(job.buf)
-                                job.buf = None
+                            finished(job)
                             continue
                         submit_decode(self._answers(job, f.result()), job)
                     else:
@@ -445,10 +590,7 @@ class RemoteSource:
                             if err is not None:
                                 raise err
                         if dj is not None:
-                            held -= dj.nbytes
-                            if dj.buf is not None:
-                                buffers.give(dj.buf)
-                                dj.buf = None
+                            finished(dj)
         except BaseException:
             queue.clear()
             # buffers may still be written into: let every started request finish first
