@@ -159,7 +159,8 @@ def zstd_decompress_stream_into(source: ByteSource, out: memoryview) -> None:
     size = len(out)
     _check_header(source.head(_FRAME_HEADER_MAX), size, size, source.nbytes)
     try:
-        reader = _dctx().stream_reader(source, read_size=_STEP, read_across_frames=True)
+        # any object with read() is a source; the stubs name only IO[bytes]
+        reader = _dctx().stream_reader(source, read_size=_STEP, read_across_frames=True)  # type: ignore[arg-type]
         got = _readinto_all(reader, out)
         extra = reader.read(1)
     except zstandard.ZstdError as e:

@@ -82,8 +82,8 @@ class OverlayStore(WrapperStore):
 
     withheld = frozenset({
         "exists", "size", "local_path", "no_follow_root", "fsspec_location", "supports_read_into",
-        "read_into", "supports_read_parts", "read_parts", "supports_read_ahead", "read_ahead", "is_remote", "set", "set_parts", "delete",
-        "delete_prefix", "get_with_generation", "set_if", "syncs_later", "note_written",
+        "read_into", "supports_read_parts", "read_parts", "supports_read_ahead", "read_ahead", "is_remote", "set",
+        "set_parts", "delete", "delete_prefix", "get_with_generation", "set_if", "syncs_later", "note_written",
         "supports_conditional_writes", "close",
     })
 
