@@ -37,7 +37,8 @@ from ocdbt_py.checkpoint.restore.gcpause import paused_gc
 from ocdbt_py.checkpoint.restore.localread import LocalSource, Placement, local_root
 from ocdbt_py.checkpoint.restore.locations import LocationTable
 from ocdbt_py.checkpoint.restore.pages import HUGE_MIN, output_pages
-from ocdbt_py.checkpoint.restore.remoteread import STREAM_MIN, PartView, Prefetch, RemoteSource
+from ocdbt_py.checkpoint.restore import remoteread
+from ocdbt_py.checkpoint.restore.remoteread import PartView, Prefetch, RemoteSource
 from ocdbt_py.checkpoint.restore.singles import SingleBatch
 from ocdbt_py.checkpoint.restore.storage import ArrayStore
 from ocdbt_py.errors import CorruptionError
@@ -558,7 +559,7 @@ class ArrayReader:
                 return
             try:
                 if isinstance(data, PartView):  # read in parts: decoded as they arrive where it can be
-                    if local is None and data.nbytes >= STREAM_MIN and m.chain.streams_into(region):
+                    if local is None and data.nbytes >= remoteread.STREAM_MIN and m.chain.streams_into(region):
                         m.chain.decode_stream_into(data, region)
                         return
                     data = data.whole()
