@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
+from ocdbt_py.checkpoint.restore import remoteread
 from ocdbt_py.checkpoint.restore.gcpause import paused_gc
 from ocdbt_py.checkpoint.restore.localread import LocalSource, Placement, local_root
 from ocdbt_py.checkpoint.restore.locations import LocationTable
 from ocdbt_py.checkpoint.restore.pages import HUGE_MIN, output_pages
-from ocdbt_py.checkpoint.restore import remoteread
 from ocdbt_py.checkpoint.restore.remoteread import PartView, Prefetch, RemoteSource
 from ocdbt_py.checkpoint.restore.singles import SingleBatch
 from ocdbt_py.checkpoint.restore.storage import ArrayStore
