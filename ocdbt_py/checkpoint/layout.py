@@ -38,8 +38,6 @@ __all__ = [
     "param_dir_problem",
     "step_metadata",
     "is_v1_checkpoint",
-    "read_ahead",
-    "listing_of",
 ]
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -96,7 +94,18 @@ class Listing:
     sizes: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def of(cls, kv: KvStore, prefix: str = "") -> Listing:
+    def of(cls, kv: KvStore, prefix: str = "", *, read_ahead: bool = False) -> Listing:
+        """The listing of the directory at ``prefix`` of ``kv``.
+
+        ``read_ahead``: first start fetching the small files a restore of the directory reads
+        first (``_CHECKPOINT_METADATA``, ``_METADATA``, ``manifest.ocdbt``, ``_strings.json``)
+        where the store can (:attr:`~ocdbt_py.kvstore.KvStore.supports_read_ahead`: object
+        stores): they then arrive in one round trip, concurrently with the listing, instead of
+        one round trip each after it; each answers the next read of that file, with the same
+        size limit.
+        """
+        if read_ahead and kv.supports_read_ahead:
+            kv.read_ahead([(prefix + name, (0, limit)) for name, limit in _first_reads()])
         if not kv.lists_sizes:
             d, f = kv.list_dir(prefix)
             return cls(sorted(d), sorted(f))
@@ -129,36 +138,15 @@ def _first_reads() -> tuple[tuple[str, int], ...]:
             ("manifest.ocdbt", manifest_read_limit()), ("_strings.json", MAX_JSON_BYTES + 1))
 
 
-def read_ahead(kv: KvStore, prefix: str = "") -> bool:
-    """Start fetching the small files a restore of the directory at ``prefix`` reads first
-    (``_CHECKPOINT_METADATA``, ``_METADATA``, ``manifest.ocdbt``, ``_strings.json``) and
-    return at once.
-
-    On object stores (see :meth:`ObjectStore.read_ahead`) they then arrive in one round trip,
-    concurrently with the directory listing, instead of one round trip each after it; each
-    answers the next read of that file, with the same size limit.  Elsewhere this does
-    nothing (and returns ``False``).
-    """
-    if not kv.supports_read_ahead:
-        return False
-    return kv.read_ahead([(prefix + name, (0, limit)) for name, limit in _first_reads()])
-
-
-def listing_of(kv: KvStore, prefix: str = "") -> Listing:
-    """:meth:`Listing.of`, with :func:`read_ahead` of the directory's first reads under way."""
-    read_ahead(kv, prefix)
-    return Listing.of(kv, prefix)
-
-
-def _is_pytree(kv: KvStore, lst: Listing, prefix: str) -> bool:
+def _is_pytree(lst: Listing) -> bool | None:
+    """Whether the listing is a PyTree item's; ``None`` when that depends on what its
+    ``checkpoint`` directory holds (ArrayCheckpointHandler's single per-param directory is a
+    Zarr array), which the listing does not say."""
     if any(f in lst.files for f in _PYTREE_FILES):
         return True
     if any(d.startswith("ocdbt.process_") for d in lst.dirs):
         return True
-    # ArrayCheckpointHandler: a single per-param dir named ``checkpoint``.
-    if "checkpoint" in lst.dirs:
-        return kv.exists(prefix + "checkpoint/.zarray") or kv.exists(prefix + "checkpoint/zarr.json")
-    return False
+    return None if "checkpoint" in lst.dirs else False
 
 
 def _data_files(lst: Listing) -> list[str]:
@@ -239,7 +227,10 @@ def classify(kv: KvStore, prefix: str = "", listing: Listing | None = None) -> K
     Raises :class:`NotFoundError` when it is none of the known layouts.
     """
     lst = listing or Listing.of(kv, prefix)
-    if _is_pytree(kv, lst, prefix):
+    pytree = _is_pytree(lst)
+    if pytree is None:
+        pytree = kv.exists(prefix + "checkpoint/.zarray") or kv.exists(prefix + "checkpoint/zarr.json")
+    if pytree:
         return Kind.PYTREE
     if json_item_file(lst, dir_name(prefix) if prefix else store_dir_name(kv)) is not None:
         return Kind.JSON
@@ -276,10 +267,6 @@ class StepEntry:
     step: int
     name: str
     committed: bool
-
-
-def _step_has_marker(kv: KvStore, name: str) -> bool:
-    return kv.exists(f"{name}/{COMMIT_MARKER}")
 
 
 def _renames_atomically(kv: KvStore) -> bool:
@@ -362,8 +349,8 @@ def list_items(kv: KvStore, prefix: str = "", *, listing: Listing | None = None,
 
     Temporary item dirs and unrecognised directories are left out; so is the reserved
     ``descriptor`` item.  ``listing`` is the step directory's own listing if already known;
-    the item directories are listed concurrently (with :func:`read_ahead` of their first
-    reads), and ``listings``, if given, receives each item's listing by name.  ``metadata``
+    the item directories are listed concurrently (with their first reads started, see
+    :meth:`Listing.of`), and ``listings``, if given, receives each item's listing by name.  ``metadata``
     is the step's parsed ``_CHECKPOINT_METADATA`` if already read.
     """
     lst = listing or Listing.of(kv, prefix)
@@ -388,20 +375,21 @@ def list_items(kv: KvStore, prefix: str = "", *, listing: Listing | None = None,
 
 def _markers(kv: KvStore, names: list[str]) -> list[bool]:
     """Whether each step directory has its commit marker (looked up concurrently)."""
-    if len(names) <= 1:
-        return [_step_has_marker(kv, d) for d in names]
+    keys = [f"{d}/{COMMIT_MARKER}" for d in names]
+    if len(keys) <= 1:
+        return [kv.exists(k) for k in keys]
 
-    futs = [shared("io").submit(_step_has_marker, kv, d) for d in names]
+    futs = [shared("io").submit(kv.exists, k) for k in keys]
     return [f.result() for f in futs]
 
 
 def _listings(kv: KvStore, prefixes: list[str]) -> list[Listing]:
-    """:func:`listing_of` each directory, concurrently (one round trip for all on stores
-    reached over a network)."""
+    """:meth:`Listing.of` each directory with its first reads started, concurrently (one
+    round trip for all on stores reached over a network)."""
     if len(prefixes) <= 1:
-        return [listing_of(kv, p) for p in prefixes]
+        return [Listing.of(kv, p, read_ahead=True) for p in prefixes]
 
-    futs = [shared("io").submit(listing_of, kv, p) for p in prefixes]
+    futs = [shared("io").submit(Listing.of, kv, p, read_ahead=True) for p in prefixes]
     return [f.result() for f in futs]
 
 

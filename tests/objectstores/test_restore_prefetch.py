@@ -163,8 +163,8 @@ def test_data_file_gone_after_listing_is_corruption(s3: servers.S3Server, monkey
     real_of = Listing.of.__func__  # type: ignore[attr-defined]
     writer = open_kvstore(url, s3.storage_options())
 
-    def of(cls: Any, kv: Any, prefix: str = "") -> Listing:
-        lst = real_of(cls, kv, prefix)
+    def of(cls: Any, kv: Any, prefix: str = "", **kw: Any) -> Listing:
+        lst = real_of(cls, kv, prefix, **kw)
         for k in [k for k in lst.sizes if k.startswith("d/")]:
             writer.delete(prefix + k)  # the data files vanish between the listing and the reads
         return lst

@@ -14,13 +14,13 @@ import os
 from typing import Any
 
 from ocdbt_py.checkpoint.layout import (
+    STEP_METADATA,
+    V1_INDICATOR,
     Kind,
     Listing,
     classify,
-    is_v1_checkpoint,
     json_item_file,
     list_items,
-    listing_of,
     select_step,
     step_metadata,
     store_dir_name,
@@ -52,9 +52,10 @@ class Resolved:
     _meta: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
 
     def step_metadata(self) -> dict[str, Any]:
-        """The parsed ``_CHECKPOINT_METADATA`` of the directory (``{}`` if absent; read once)."""
+        """The parsed ``_CHECKPOINT_METADATA`` of the directory (``{}`` if its listing has
+        none; read once)."""
         if self._meta is None:
-            self._meta = step_metadata(self.kv) or {}
+            self._meta = (step_metadata(self.kv) if STEP_METADATA in self.listing.files else None) or {}
         return self._meta
 
     def items(self) -> dict[str, Kind]:
@@ -75,7 +76,7 @@ class Resolved:
         names = [n for n in items if n != "metrics"]
         if names == ["default"]:
             return "default"
-        if list(items) == ["state"] and is_v1_checkpoint(self.kv):
+        if list(items) == ["state"] and V1_INDICATOR in self.listing.files:
             return "state"
         return None
 
@@ -93,7 +94,7 @@ def resolve(path: PathLike, *, step: int | None = None, storage_options: dict[st
     """Open ``path`` and follow a manager root to ``step`` (default: the latest finalized)."""
     kv = open_kvstore(path, storage_options, read_only=True)
     # the first small files are fetched while the directory is listed (one round trip)
-    lst = listing_of(kv)
+    lst = Listing.of(kv, read_ahead=True)
     kind = classify(kv, listing=lst)
     if kind != Kind.ROOT:
         if step is not None:
@@ -101,7 +102,7 @@ def resolve(path: PathLike, *, step: int | None = None, storage_options: dict[st
         return Resolved(kv, kind, lst)
     entry = select_step(kv, step, listing=lst)
     skv = PrefixStore(kv, entry.name)
-    slst = listing_of(skv)
+    slst = Listing.of(skv, read_ahead=True)
     skind = classify(skv, listing=slst)
     return Resolved(skv, skind, slst, entry.step)
 
@@ -117,13 +118,8 @@ class ItemLocation:
     store: KvStore
     listing: Listing
     handler: str | None
-
-    @property
-    def json_file(self) -> str | None:
-        """For a JSON item, the file holding its document (``None`` for other kinds)."""
-        if self.kind != Kind.JSON:
-            return None
-        return json_item_file(self.listing, self.name or store_dir_name(self.store))
+    #: for a JSON item, the file holding its document (``None`` for other kinds)
+    json_file: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +146,8 @@ def locate(path: PathLike, *, step: int | None = None, item: str | None = None,
         if item is not None:
             raise ValueError(f"item={item!r} applies to a step directory; {r.kv.url} is an item directory")
         h = r.step_metadata().get("item_handlers")
-        only = ItemLocation(None, r.kind, r.kv, r.listing, h if isinstance(h, str) else None)
+        doc = json_item_file(r.listing, store_dir_name(r.kv)) if r.kind == Kind.JSON else None
+        only = ItemLocation(None, r.kind, r.kv, r.listing, h if isinstance(h, str) else None, doc)
         return Location(r.kv.url, r.kind, r.step, {"": only}, "")
     kinds = r.items()
     handlers = r.handlers()
@@ -158,7 +155,9 @@ def locate(path: PathLike, *, step: int | None = None, item: str | None = None,
     names = [unwrap] if unwrap is not None else list(kinds)
     items = {}
     for name in names:
+        # the item's store, built here once; its listing was made when the items were listed
         store = PrefixStore(r.kv, name)
-        items[name] = ItemLocation(name, kinds[name], store, r.item_listings.get(name) or Listing.of(store),
-                                   handlers.get(name))
+        lst = r.item_listings.get(name) or Listing.of(store)
+        doc = json_item_file(lst, name) if kinds[name] == Kind.JSON else None
+        items[name] = ItemLocation(name, kinds[name], store, lst, handlers.get(name), doc)
     return Location(r.kv.url, Kind.STEP, r.step, items, unwrap)
