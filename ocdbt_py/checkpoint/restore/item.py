@@ -70,7 +70,10 @@ class PyTreeItem:
                 self._prefetch = start_prefetch(self._store, self.listing.sizes)
         raw = read_bytes(kv, "_METADATA") if "_METADATA" in self.listing.files else None
         if raw is not None:
-            self.tree_metadata = parse_tree_metadata_bytes(raw, what=f"{kv.url.rstrip('/')}/_METADATA")
+            try:
+                self.tree_metadata = parse_tree_metadata_bytes(raw)
+            except CorruptionError as e:  # the parser names the document, this reader the file
+                raise CorruptionError(e.reason, path=f"{kv.url.rstrip('/')}/_METADATA") from e
         self._reader: ArrayReader | None = None
         self._strings: Any = None
         self._array_metadatas: dict[str, dict[str, Any]] | None = None
