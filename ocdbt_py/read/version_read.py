@@ -55,10 +55,9 @@ def read_manifest(kv: KvStore) -> tuple[Manifest, str]:
 
     Raises :class:`NotFoundError` when there is no database at ``kv``.
     """
-    data = _get_manifest_file(kv, MANIFEST_KEY)
+    data = _read_manifest_file(kv, MANIFEST_KEY)
     if data is None:
         raise NotFoundError(f"no OCDBT database at {kv.url} (no {MANIFEST_KEY})")
-    _check_size(kv, MANIFEST_KEY, data)
     manifest = decode_manifest(data, path=f"{kv.url}/{MANIFEST_KEY}")
     if manifest.config.manifest_kind != MANIFEST_KIND_NUMBERED:
         return manifest, MANIFEST_KEY
@@ -69,10 +68,9 @@ def read_manifest(kv: KvStore) -> tuple[Manifest, str]:
             return manifest, MANIFEST_KEY
         g = gens[-1]
         key = numbered_manifest_key(g)
-        data = _get_manifest_file(kv, key)
+        data = _read_manifest_file(kv, key)
         if data is None:  # pruned or replaced meanwhile: list again
             continue
-        _check_size(kv, key, data)
         numbered = decode_manifest(data, path=f"{kv.url}/{key}")
         if not numbered.versions:
             raise CorruptionError("numbered manifest file holds no versions", path=f"{kv.url}/{key}")
@@ -92,14 +90,13 @@ def read_manifest(kv: KvStore) -> tuple[Manifest, str]:
     raise CorruptionError(f"numbered manifests of {kv.url} kept vanishing while being read")
 
 
-def _get_manifest_file(kv: KvStore, key: str) -> bytes | None:
-    """Read a manifest file, but never more than one byte past the size limit."""
-    return kv.get(key, (0, manifest_read_limit()))
-
-
-def _check_size(kv: KvStore, key: str, data: bytes) -> None:
-    if len(data) > _MAX_MANIFEST_FILE:
+def _read_manifest_file(kv: KvStore, key: str) -> bytes | None:
+    """A manifest file (``None`` if absent), read never more than one byte past the size
+    limit and refused past it."""
+    data = kv.get(key, (0, manifest_read_limit()))
+    if data is not None and len(data) > _MAX_MANIFEST_FILE:
         raise CorruptionError(f"manifest of {len(data)} bytes is implausibly large", path=f"{kv.url}/{key}")
+    return data
 
 
 def _no_generation(manifest: Manifest, generation: int) -> NotFoundError:

@@ -29,12 +29,11 @@ import numpy as np
 from ocdbt_py.checkpoint.restore.bufpool import SlabPool
 from ocdbt_py.checkpoint.restore.locations import Location, LocationTable
 from ocdbt_py.errors import CorruptionError, StorageError
-from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.coalesce import merge_ranges
 from ocdbt_py.kvstore.keys import validate_key
 from ocdbt_py.kvstore.local import open_beneath, stat_beneath
 
-__all__ = ["LocalSource", "Placement", "local_root"]
+__all__ = ["LocalSource", "Placement"]
 
 #: Neighbouring chunks of one file at most this far apart are read with one request...
 COALESCE_GAP = 64 << 10
@@ -66,11 +65,6 @@ class Placement:
         self.rel = [0] * n
         self.size = [0] * n
         self.release_all: Callable[[], None] = lambda: None
-
-
-def local_root(kv: KvStore) -> str | None:
-    """The local directory a store reads from (through prefix views), or ``None``."""
-    return kv.local_path()
 
 
 def _join(root: str, key: str) -> str:

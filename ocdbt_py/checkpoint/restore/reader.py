@@ -35,7 +35,7 @@ import numpy as np
 
 from ocdbt_py.checkpoint.restore import remoteread
 from ocdbt_py.checkpoint.restore.gcpause import paused_gc
-from ocdbt_py.checkpoint.restore.localread import LocalSource, Placement, local_root
+from ocdbt_py.checkpoint.restore.localread import LocalSource, Placement
 from ocdbt_py.checkpoint.restore.locations import LocationTable
 from ocdbt_py.checkpoint.restore.pages import HUGE_MIN, output_pages
 from ocdbt_py.checkpoint.restore.remoteread import PartView, Prefetch, RemoteSource
@@ -222,9 +222,10 @@ class ArrayReader:
         """Fast local-file reads, when the item is on the local filesystem (else ``None``)."""
         if self._local is False:
             src: LocalSource | None = None
-            root = local_root(self.store.item_kv) if self.store.item_kv is not None else None
-            if root is not None:
-                anchor = self.store.item_kv.no_follow_root()  # type: ignore[union-attr]
+            item_kv = self.store.item_kv
+            root = item_kv.local_path() if item_kv is not None else None  # through prefix views
+            if item_kv is not None and root is not None:
+                anchor = item_kv.no_follow_root()
                 if self.store.databases:
                     src = LocalSource.for_ocdbt([(os.path.join(root, *p.split("/")) if p else root, db)
                                                  for p, db in zip(self.store.db_prefixes, self.store.databases)],

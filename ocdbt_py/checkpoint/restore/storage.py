@@ -111,34 +111,31 @@ class ArrayStore:
         self.databases = []
 
 
-def _ocdbt(kv: KvStore) -> Any:
-
-    db = OcdbtStore(kv)
-    db.read_ahead_root()  # on object stores: the root node is on its way while the caller goes on
-    return db
-
-
 def open_array_store(item_kv: KvStore, *, files: Sequence[str], dirs: Sequence[str],
                      use_ocdbt: bool | None) -> ArrayStore:
     """Open the array data of the item whose top-level listing is ``files``/``dirs``."""
-    process_dirs = sorted(d for d in dirs if d.startswith("ocdbt.process_"))
-    if "manifest.ocdbt" in files:
-        db = _ocdbt(item_kv)
-        return ArrayStore(db.as_kvstore(), "ocdbt", [db], item_kv=item_kv, db_prefixes=[""])
-    if process_dirs:
-        dbs = []
-        prefixes = []
-        for d in process_dirs:
-            try:
-                dbs.append(_ocdbt(PrefixStore(item_kv, d)))
-                prefixes.append(d)
-            except NotFoundError:
-                continue  # an empty process dir (nothing written) is harmless
-        if not dbs:
-            raise CorruptionError("the item's ocdbt.process_* directories hold no database", path=item_kv.url)
-        # process 0 first: it holds the Zarr metadata
-        union = UnionStore([db.as_kvstore() for db in dbs])
-        return ArrayStore(union, "ocdbt-per-process", dbs, item_kv=item_kv, db_prefixes=prefixes)
-    if use_ocdbt:
-        raise CorruptionError("_METADATA says use_ocdbt but there is no manifest.ocdbt", path=item_kv.url)
-    return ArrayStore(item_kv, "dirs", item_kv=item_kv)
+    # where the OCDBT databases are below the item ("": the item itself); process 0 first,
+    # as it holds the Zarr metadata
+    where = [""] if "manifest.ocdbt" in files else sorted(d for d in dirs if d.startswith("ocdbt.process_"))
+    if not where:
+        if use_ocdbt:
+            raise CorruptionError("_METADATA says use_ocdbt but there is no manifest.ocdbt", path=item_kv.url)
+        return ArrayStore(item_kv, "dirs", item_kv=item_kv)
+    dbs = []
+    prefixes = []
+    for d in where:
+        try:
+            db = OcdbtStore(PrefixStore(item_kv, d) if d else item_kv)
+        except NotFoundError:
+            if not d:
+                raise
+            continue  # an empty process dir (nothing written) is harmless
+        db.read_ahead_root()  # on object stores: the root node is on its way while the caller goes on
+        dbs.append(db)
+        prefixes.append(d)
+    if not dbs:
+        raise CorruptionError("the item's ocdbt.process_* directories hold no database", path=item_kv.url)
+    if where == [""]:
+        return ArrayStore(dbs[0].as_kvstore(), "ocdbt", dbs, item_kv=item_kv, db_prefixes=prefixes)
+    union = UnionStore([db.as_kvstore() for db in dbs])
+    return ArrayStore(union, "ocdbt-per-process", dbs, item_kv=item_kv, db_prefixes=prefixes)
