@@ -19,6 +19,7 @@ after the commit; ``keep_newest=False`` lets the policy drop the newest step too
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import warnings
@@ -29,6 +30,7 @@ from ocdbt_py.checkpoint.manager import save_policy as sp
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.manager.preservation import PreservationPolicy, StepInfo
 from ocdbt_py.checkpoint.manager.steps import delete_step, read_step_info, scan
+from ocdbt_py.checkpoint.saving.async_save import Background
 from ocdbt_py.errors import OcdbtError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.pools import lower_thread_priority
@@ -57,7 +59,7 @@ class Tier:
         self._infos: dict[int, StepInfo] = {}
         self._in_flight: set[int] = set()
         self._saves: list[sp.SavedStep] = []
-        self._finisher: threading.Thread | None = None
+        self._finisher: Background | None = None
         self._handle: Any = None
         self._errors: list[BaseException] = []
         self._on_forget = on_forget
@@ -171,11 +173,11 @@ class Tier:
         previous = self._finisher
         recorded = threading.Event()
         self._recorded = recorded
-        t = threading.Thread(target=self._finish,
-                             args=(step, name, started, handle, after_commit, previous, recorded, nice),
-                             name=f"ocdbt-{self.label}:{name}", daemon=False)
-        self._finisher = t
-        t.start()
+        # on the one kind of thread saving runs work on; an error escaping _finish is kept
+        # for wait() / check_for_errors() like a failed save's
+        self._finisher = Background(
+            functools.partial(self._finish, step, name, started, handle, after_commit, previous, recorded, nice),
+            name=f"ocdbt-{self.label}:{name}", daemon=False, then=self._keep_error)
 
     def record(self, step: int) -> None:
         """Track a step saved by other processes (a tier without a store)."""
@@ -187,13 +189,13 @@ class Tier:
         self._retain()
 
     def _finish(self, step: int, name: str, started: float, handle: Any, after: Callable[[], None] | None,
-                previous: threading.Thread | None, recorded: threading.Event, nice: int = 0) -> None:
+                previous: Background | None, recorded: threading.Event, nice: int = 0) -> None:
         # local stores only: deletes elsewhere run on shared pools whose threads would inherit it
         if nice > 0 and self.kv is not None and self.kv.local_path() is not None:
             lower_thread_priority(nice)
         try:
             if previous is not None:
-                previous.join()  # saves are recorded, and retention runs, in start order
+                previous.join(check=False)  # saves are recorded, and retention runs, in start order
             ok = self._record_outcome(step, name, started, handle, after)
         finally:
             recorded.set()
@@ -326,8 +328,13 @@ class Tier:
         """Block until every save of this tier is recorded; raise the first error."""
         t = self._finisher
         if t is not None:
-            t.join()
+            t.join(check=False)  # its error, if any, is among check_for_errors()'s
         self.check_for_errors()
+
+    def _keep_error(self, error: BaseException | None) -> None:
+        if error is not None:
+            with self._lock:
+                self._errors.append(error)
 
     def check_for_errors(self) -> None:
         """Raise the error of a failed background save or deletion (once)."""
