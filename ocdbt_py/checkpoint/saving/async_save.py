@@ -8,7 +8,8 @@ work (a custom handler whose ``save`` saves a built-in item into the step's dire
 of that save: it neither waits for it nor takes its place as the previous save.
 
 :class:`Background` is the one way saving runs work on a thread of its own (the save of a
-non-blocking call, the fsync of the data files while the primary builds the merged root).
+non-blocking call, the fsync of the data files while the primary builds the merged root, a
+step manager's wait for each commit and the retention after it: ``manager/tier.py``).
 """
 
 from __future__ import annotations
