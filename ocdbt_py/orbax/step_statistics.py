@@ -12,8 +12,25 @@ from typing import Any
 __all__ = ["SaveStepStatistics", "RestoreStepStatistics", "EmergencyRestoreStepStatistics", "from_stored"]
 
 
-@dataclasses.dataclass
-class SaveStepStatistics:
+class _Record:
+    """Equality by fields, also with orbax-checkpoint's record of the same name and fields (what
+    Orbax's own tools read from a checkpoint ocdbt_py wrote compares equal to ours)."""
+
+    __hash__ = None  # type: ignore[assignment]  # mutable records, as dataclasses with eq
+
+    def __eq__(self, other: object) -> bool:
+        if not dataclasses.is_dataclass(other) or isinstance(other, type):
+            return NotImplemented
+        if type(other) is not type(self) and type(other).__name__ != type(self).__name__:
+            return NotImplemented
+        mine = [f.name for f in dataclasses.fields(self)]  # type: ignore[arg-type]
+        if [f.name for f in dataclasses.fields(other)] != mine:
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in mine)
+
+
+@dataclasses.dataclass(eq=False)
+class SaveStepStatistics(_Record):
     """Timings of one save (seconds; start times as ``time.time()``)."""
 
     step: int | None = None
@@ -33,8 +50,8 @@ class SaveStepStatistics:
     checkpoint_manager_blocking_duration_secs: float | None = None
 
 
-@dataclasses.dataclass
-class RestoreStepStatistics:
+@dataclasses.dataclass(eq=False)
+class RestoreStepStatistics(_Record):
     """Timings of one restore."""
 
     step: int | None = None
@@ -46,8 +63,8 @@ class RestoreStepStatistics:
     checkpoint_manager_duration_secs: float | None = None
 
 
-@dataclasses.dataclass
-class EmergencyRestoreStepStatistics:
+@dataclasses.dataclass(eq=False)
+class EmergencyRestoreStepStatistics(_Record):
     """Timings of one emergency-manager restore."""
 
     step: int | None = None

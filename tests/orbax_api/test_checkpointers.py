@@ -180,3 +180,13 @@ def test_empty_nodes_of_the_restore_item_are_kept(tmp_path) -> None:
         got = ckptr.restore(tmp_path / "ckpt", item=tree)
     assert type(got["opt"][1]) is Empty and type(got["opt"][2]) is Empty  # as Orbax: the item's node
     np.testing.assert_array_equal(got["a"], tree["a"])
+
+
+def test_step_statistics_compare_with_orbax_records() -> None:
+    theirs = pytest.importorskip("orbax.checkpoint._src.logging.step_statistics")
+    ours = ocp.logging.step_statistics
+    assert ours.SaveStepStatistics() == theirs.SaveStepStatistics()
+    assert theirs.SaveStepStatistics() == ours.SaveStepStatistics()
+    assert ours.SaveStepStatistics(step=3) != theirs.SaveStepStatistics()
+    assert ours.RestoreStepStatistics() != theirs.SaveStepStatistics()
+    assert ours.SaveStepStatistics(step=1) == ours.SaveStepStatistics(step=1)
