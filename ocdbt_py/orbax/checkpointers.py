@@ -287,8 +287,10 @@ class Checkpointer(AbstractCheckpointer):
             doc = {}
         if not isinstance(doc, dict):
             doc = {}
-        handlers = doc.get("item_handlers") if isinstance(self._handler, CompositeCheckpointHandler) else None
-        if handlers is None and not isinstance(self._handler, CompositeCheckpointHandler):
+        if isinstance(self._handler, CompositeCheckpointHandler):
+            # as Orbax: the item handlers of what the save wrote (its items, still temporary)
+            handlers = doc.get("item_handlers") or self._handler.metadata_from_temporary_paths(path).item_handlers
+        else:
             handlers = self._handler.typestr()
         init = doc.get("init_timestamp_nsecs")
         fresh = json.loads(checkpoint_metadata(handlers, init_ns=init if isinstance(init, int) else init_ns,

@@ -14,6 +14,7 @@ import dataclasses
 import os
 import pathlib
 import shutil
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -52,6 +53,7 @@ from ocdbt_py.orbax._foreign import refuse_orbax_object
 from ocdbt_py.orbax._saved_shardings import saved_sharding_target, settled_target
 from ocdbt_py.orbax.metadata import StepMetadata
 from ocdbt_py.orbax.metadata_tree import read_tree_metadata
+from ocdbt_py.orbax.path import atomicity
 from ocdbt_py.orbax.registry import (
     CheckpointHandlerRegistry,
     DefaultCheckpointHandlerRegistry,
@@ -475,6 +477,24 @@ def _exists(location: Location) -> bool:
     return os.path.isdir(base.removeprefix("file://"))
 
 
+def _local_path(location: Location) -> pathlib.Path | None:
+    """``location`` as a local directory, or ``None`` (URLs, stores)."""
+    if isinstance(location, KvStore):
+        p = location.local_path("")
+        return pathlib.Path(p) if p is not None else None
+    text = os.fspath(location)
+    if "://" in text and not text.startswith("file://"):
+        return None
+    return pathlib.Path(text.removeprefix("file://"))
+
+
+def _record_duration(event: str, seconds: float) -> None:
+    """Report a duration to ``jax.monitoring`` (as Orbax does) when JAX is loaded."""
+    jax = sys.modules.get("jax")
+    if jax is not None and hasattr(jax, "monitoring"):
+        jax.monitoring.record_event_duration_secs(event, seconds)
+
+
 def _item_dirs(r: Any) -> list[str]:
     """The item directories of a step (every subdirectory, as Orbax lists them; temporary
     and bookkeeping directories left out)."""
@@ -509,6 +529,24 @@ def _register_builtin() -> None:
 _register_builtin()
 
 
+def builtin_handler_class(typestr: str | None) -> type[CheckpointHandler] | None:
+    """The built-in handler class a recorded handler type names (Orbax's type strings, also
+    those of older Orbax module paths), or ``None``."""
+    if not isinstance(typestr, str):
+        return None
+    classes: tuple[type[CheckpointHandler], ...] = (StandardCheckpointHandler, PyTreeCheckpointHandler,
+                                                    JsonCheckpointHandler)
+    for cls in classes:
+        if typestr == cls.typestr():
+            return cls
+    if typestr.startswith("orbax.checkpoint."):
+        tail = typestr.rsplit(".", 1)[-1]
+        for cls in classes:
+            if tail == cls.__name__:
+                return cls
+    return None
+
+
 def handler_for_args(a: Any) -> CheckpointHandler:
     """A new handler of the class registered for an argument (for items without a handler)."""
     try:
@@ -540,6 +578,8 @@ class CompositeCheckpointHandler(CheckpointHandler):
         self.handlers: dict[str, CheckpointHandler | None] = {n: None for n in item_names}
         self.handlers.update(items_and_handlers)
         self._fixed = bool(item_names)  # items named up front: no others may be saved
+        # items a bare save wrote into temporary directories, made final by finalize()
+        self._pending: dict[str, atomicity.TemporaryPath] = {}
 
     def handler(self, name: str, a: Any, *, explicit: bool = False) -> CheckpointHandler:
         """The handler of item ``name`` (registered, or inferred from its argument ``a``); a
@@ -579,6 +619,67 @@ class CompositeCheckpointHandler(CheckpointHandler):
         if h is not None:
             self.handlers[name] = h
         return h
+
+    def save(self, directory: Location, args: args_lib.CheckpointArgs | None = None) -> None:
+        """Orbax's handler protocol: each item of ``args`` written by its handler into its own
+        temporary directory (``<item>.orbax-checkpoint-tmp``) of the local ``directory``, made
+        final by :meth:`finalize`; what the step records (``_CHECKPOINT_METADATA``) is the
+        checkpointer's to write.  Other destinations get the whole step in one save."""
+        for h in self._start_items(directory, args, blocking=True):
+            h.wait()
+
+    async def async_save(self, directory: Location, args: args_lib.CheckpointArgs | None = None) -> list[Any] | None:
+        """As :meth:`save`, the items written in the background: one future per item."""
+        return [_HandleFuture(h) for h in self._start_items(directory, args, blocking=False)]
+
+    def _start_items(self, directory: Location, args: Any, *, blocking: bool) -> list[SaveHandle]:
+        if not isinstance(args, args_lib.Composite):
+            raise TypeError(f"a composite save takes ocp.args.Composite, not {type(args).__name__}")
+        local = _local_path(directory)
+        if local is None:
+            return [self.start_save(directory, args, force=True, custom_metadata=None, blocking=blocking)]
+        handles = []
+        for name, a in args.items():
+            if a is None:
+                continue
+            h = self.handler(name, a)
+            tmp = atomicity.AtomicRenameTemporaryPath.from_final(local / name)
+            if is_primary_host(0):
+                tmp.create()
+            self._pending[name] = tmp
+            if h._custom():
+                h._write_custom(tmp.get(), a)
+                continue
+            if isinstance(h, JsonCheckpointHandler):
+                h.save(tmp.get(), args=a)  # the JSON file alone, as Orbax's handler writes it
+                continue
+            handles.append(h.start_save(tmp.get(), a, force=True, custom_metadata=None, blocking=blocking))
+        return handles
+
+    def finalize(self, directory: Location) -> None:
+        """Make each item a save wrote final (its temporary directory renamed), recording each
+        item's finalize time as Orbax does (``/jax/orbax/write/background_item_finalize_secs``)."""
+        pending, self._pending = self._pending, {}
+        for name, tmp in sorted(pending.items()):
+            h = self.handlers.get(name)
+            started = time.time()
+            if h is not None:
+                h.finalize(tmp.get())
+            if is_primary_host(0):
+                tmp.finalize()
+            _record_duration("/jax/orbax/write/background_item_finalize_secs", time.time() - started)
+
+    def metadata_from_temporary_paths(self, directory: Location) -> StepMetadata:
+        """What a save not yet finalized holds: ``item_handlers`` of the items written into
+        temporary directories (``item_metadata`` ``None``); ``FileNotFoundError`` when
+        ``directory`` does not exist."""
+        if not _exists(directory):
+            raise FileNotFoundError(f"Directory does not exist: {directory}")
+        handlers = {}
+        for name in self._pending:
+            h = self.handlers.get(name)
+            handlers[name] = h.typestr() if h is not None else None
+        return StepMetadata(item_handlers=handlers, item_metadata=None)
 
     def start_save(self, directory: Location, args: args_lib.CheckpointArgs, *, force: bool,
                    custom_metadata: dict[str, Any] | None, blocking: bool) -> SaveHandle:
@@ -629,7 +730,12 @@ class CompositeCheckpointHandler(CheckpointHandler):
         handler of each item found whose handler is known) and ``item_metadata``, a
         ``Composite`` of each item directory's metadata -- ``None`` for items whose handler is
         not known (neither configured nor registered) or that hold nothing it can read, as
-        Orbax's.  A missing directory is a ``FileNotFoundError``."""
+        Orbax's.  A missing directory is a ``FileNotFoundError``; items a save wrote but
+        :meth:`finalize` did not make final yet are a ``ValueError``."""
+        for name, tmp in self._pending.items():
+            if tmp.get().exists():
+                raise ValueError(f'Item "{name}" was found in the checkpoint, but it is a temporary item. Please call '
+                                 "finalize() before metadata().")
         try:
             r = resolve(directory)
         except NotFoundError:
@@ -679,11 +785,38 @@ class CompositeCheckpointHandler(CheckpointHandler):
                       available: list[str]) -> args_lib.Composite:
         """Restore the items named by ``args`` (all available items without args)."""
         explicit = args is not None and len(args) > 0
-        wanted = dict(args.items()) if args is not None and len(args) else {n: None for n in available}
+        if not explicit:
+            return self._restore_all(location, available)
+        assert args is not None
         out = {}
-        for name, a in wanted.items():
-            handler = self.handler(name, a, explicit=explicit and name != "default")
+        for name, a in args.items():
+            handler = self.handler(name, a, explicit=name != "default")
             if name not in available:
                 raise FileNotFoundError(f"Item {name!r} is not in the checkpoint at {location} (items: {available}).")
             out[name] = handler.restore_from(location, a, item=name)
         return args_lib.Composite(**out)
+
+    def _restore_all(self, location: Location, available: list[str]) -> args_lib.Composite:
+        """Every item of the checkpoint, as Orbax restores without arguments: each with its
+        configured or registered handler, else the built-in handler its step recorded in
+        ``_CHECKPOINT_METADATA``; an item named up front without a handler, or whose handler
+        is not known either way, is a ``ValueError``."""
+        recorded: dict[str, str] | None = None
+        chosen: dict[str, CheckpointHandler] = {}
+        for name in available:
+            h = self._known_handler(name)
+            if h is None and name in self.handlers:
+                raise ValueError(f'Item with name: "{name}" had an undetermined `CheckpointHandler` when restoring. '
+                                 "Please ensure the handler was specified during initialization, or use the "
+                                 "appropriate `CheckpointArgs` subclass to indicate the item type.")
+            if h is None:
+                if recorded is None:
+                    recorded = resolve(location).handlers()
+                cls = builtin_handler_class(recorded.get(name))
+                if cls is None:
+                    raise ValueError(f'Item "{name}" was found in the checkpoint, but could not be restored. Please '
+                                     "provide a `CheckpointHandlerRegistry`, or call `restore` with an appropriate "
+                                     "`CheckpointArgs` subclass.")
+                h = cls()
+            chosen[name] = h
+        return args_lib.Composite(**{n: h.restore_from(location, None, item=n) for n, h in sorted(chosen.items())})

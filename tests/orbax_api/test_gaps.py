@@ -141,6 +141,9 @@ def test_composite_handler_returns_composite(tmp_path) -> None:
     h = ocp.CompositeCheckpointHandler("state", "meta")
     h.save(tmp_path, ocp.args.Composite(state=ocp.args.StandardSave({"a": np.int64(1)}),
                                         meta=ocp.args.JsonSave({"lang": "en"})))
+    with pytest.raises(ValueError, match="temporary item"):  # as Orbax: items stay temporary until finalize()
+        h.metadata(tmp_path)
+    h.finalize(tmp_path)
     got = h.restore(tmp_path, ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
     assert isinstance(got, ocp.args.Composite) and got.meta == {"lang": "en"}
     meta = h.metadata(tmp_path)
