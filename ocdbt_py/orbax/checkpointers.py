@@ -24,6 +24,7 @@ from ocdbt_py.checkpoint.layout import STEP_METADATA
 from ocdbt_py.checkpoint.restore.api import resolve
 from ocdbt_py.checkpoint.saving import async_save
 from ocdbt_py.checkpoint.saving.atomic import CheckpointExistsError, open_destination
+from ocdbt_py.checkpoint.saving.distributed import Coordinator, coordinator
 from ocdbt_py.checkpoint.saving.layout_writer import checkpoint_metadata
 from ocdbt_py.errors import NotFoundError, OcdbtError
 from ocdbt_py.kvstore.base import KvStore
@@ -230,21 +231,51 @@ class Checkpointer(AbstractCheckpointer):
         a = self._save_args(args, kwargs)
         tmp = cls.from_final(local)
         init_ns = time.time_ns()
+        coord = coordinator()  # every process saves: the primary creates and finalizes, all wait for it
+        err: BaseException | None = None
         if primary:
-            tmp.create()
-            (tmp.get() / STEP_METADATA).write_bytes(checkpoint_metadata(None, init_ns=init_ns, commit_ns=None))
+            try:
+                tmp.create()
+                (tmp.get() / STEP_METADATA).write_bytes(checkpoint_metadata(None, init_ns=init_ns, commit_ns=None))
+            except BaseException as e:  # noqa: BLE001 - shared with the other processes first
+                err = e
+        coord.sync("checkpointer_created", err)
         if self._blocking:
-            self._write(tmp.get(), a)
-            self._finalize(tmp, custom_metadata, init_ns, primary)
+            try:
+                self._write(tmp.get(), a)
+            except BaseException as e:  # noqa: BLE001 - shared with the other processes first
+                err = e
+            coord.sync("checkpointer_written", err)
+            self._finish(coord, tmp, custom_metadata, init_ns, primary)
             return
-        futures = self._write_async(tmp.get(), a)
+        try:
+            futures = self._write_async(tmp.get(), a)
+        except BaseException as e:
+            coord.sync("checkpointer_written", e)  # the others' background saves stop there
+            raise
         timeout = self._timeout_secs
 
         def work() -> None:
-            wait_for_futures(futures, timeout)
-            self._finalize(tmp, custom_metadata, init_ns, primary)
+            err: BaseException | None = None
+            try:
+                wait_for_futures(futures, timeout)
+            except BaseException as e:  # noqa: BLE001 - shared with the other processes first
+                err = e
+            coord.sync("checkpointer_written", err)
+            self._finish(coord, tmp, custom_metadata, init_ns, primary)
 
         self._handle = async_save.start(str(local), work, blocking=False, started=started)
+
+    def _finish(self, coord: Coordinator, tmp: atomicity.TemporaryPath, custom_metadata: dict[str, Any] | None,
+                init_ns: int, primary: bool) -> None:
+        """The primary finalizes; every process returns once the checkpoint is visible."""
+        err: BaseException | None = None
+        if primary:
+            try:
+                self._finalize(tmp, custom_metadata, init_ns)
+            except BaseException as e:  # noqa: BLE001 - shared with the other processes first
+                err = e
+        coord.sync("checkpointer_finalized", err)
 
     _timeout_secs: float | None = None
 
@@ -268,14 +299,12 @@ class Checkpointer(AbstractCheckpointer):
             return _flat_futures(_run_sync(h.async_save(path, *a.args, **a.kwargs)))
         return _flat_futures(_run_sync(h.async_save(path, args=a)))
 
-    def _finalize(self, tmp: atomicity.TemporaryPath, custom_metadata: dict[str, Any] | None, init_ns: int,
-                  primary: bool) -> None:
-        """``_CHECKPOINT_METADATA``, the handler's ``finalize``, then the temporary path's."""
-        if primary:
-            self._write_step_metadata(tmp.get(), custom_metadata, init_ns)
+    def _finalize(self, tmp: atomicity.TemporaryPath, custom_metadata: dict[str, Any] | None, init_ns: int) -> None:
+        """``_CHECKPOINT_METADATA``, the handler's ``finalize``, then the temporary path's
+        (the primary process, as Orbax)."""
+        self._write_step_metadata(tmp.get(), custom_metadata, init_ns)
         self._handler.finalize(tmp.get())
-        if primary:
-            tmp.finalize()
+        tmp.finalize()
 
     def _write_step_metadata(self, path: pathlib.Path, custom_metadata: dict[str, Any] | None, init_ns: int) -> None:
         """``_CHECKPOINT_METADATA``: what the handler's save wrote there (a composite save's
