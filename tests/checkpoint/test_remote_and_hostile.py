@@ -77,8 +77,24 @@ def test_strings_json_pointer_and_hostile_values(tmp_path: Path) -> None:
     with pytest.raises(CorruptionError, match="not a string"):
         checkpoint.restore(item)
     (item / "_strings.json").write_text("{not json")
-    with pytest.raises(CorruptionError, match="not valid JSON"):
+    with pytest.raises(CorruptionError, match="not valid JSON") as e:
         checkpoint.restore(item)
+    assert e.value.path is not None and e.value.path.endswith("item/_strings.json")  # the reader names the file
+
+
+def test_damaged_metadata_files_are_named(tmp_path: Path) -> None:
+    """A damaged ``_METADATA`` or ``_CHECKPOINT_METADATA`` is an error naming the file read."""
+    step = tmp_path / "step"
+    checkpoint.save(step / "state", {"a": np.arange(3)})
+    (step / "_CHECKPOINT_METADATA").write_text("{")
+    with pytest.raises(CorruptionError, match="not valid JSON") as e:
+        checkpoint.restore(step)
+    assert e.value.path is not None and e.value.path.endswith("step/_CHECKPOINT_METADATA")
+    (step / "_CHECKPOINT_METADATA").write_text("{}")
+    (step / "state" / "_METADATA").write_text('{"tree_metadata": [1]}')
+    with pytest.raises(CorruptionError, match="_METADATA") as e:
+        checkpoint.restore(step)
+    assert e.value.path is not None and e.value.path.endswith("step/state/_METADATA")
 
 
 def test_corrupt_zarr_metadata_and_chunks(orbax_corpus: Corpus, tmp_path: Path) -> None:
