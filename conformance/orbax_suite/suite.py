@@ -148,8 +148,16 @@ def prepare(src: Path, work: Path, mode: str) -> None:
     (work / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n", encoding="utf-8")
 
 
-def run_file(work: Path, mode: str, name: str, timeout: float = 3600, per_test: int = 120) -> dict[str, Any]:
-    """Run one copied test file; its records (``tests``, ``collect_errors``) and ``seconds``."""
+# seconds one test may take before pytest-timeout fails it (default 120): the checkpointer files'
+# slowest tests take about 20 s, so a hang in a background save fails in a minute, not in two
+PER_TEST_TIMEOUT = {"async_checkpointer_test.py": 60, "checkpointer_test.py": 60}
+
+
+def run_file(work: Path, mode: str, name: str, timeout: float = 3600, per_test: int | None = None) -> dict[str, Any]:
+    """Run one copied test file; its records (``tests``, ``collect_errors``) and ``seconds``
+    (``per_test``: the per-test timeout, by default from :data:`PER_TEST_TIMEOUT` or 120 s)."""
+    if per_test is None:
+        per_test = PER_TEST_TIMEOUT.get(name, 120)
     out = work / f"{name}.{mode}.json"
     out.unlink(missing_ok=True)  # never read a previous run's records
     env = dict(os.environ)
