@@ -25,8 +25,8 @@ from ocdbt_py.kvstore.base import KvStore
 __all__ = ["saved_sharding_target", "sharding_from_description", "settled_target"]
 
 
-_TOPOLOGY = ("Topology mismatch: the checkpoint was saved with shardings over devices this process does not "
-             "have ({what}); give a target tree with the shardings to restore onto.")
+_TOPOLOGY = ("Topology mismatch detected. The checkpoint was saved with shardings over devices this process does "
+             "not have ({what}); give a target tree with the shardings to restore onto.")
 
 
 def _devices_missing(desc: Any) -> bool:

@@ -292,6 +292,16 @@ class PyTreeCheckpointHandler(CheckpointHandler):
             # PyTreeRestore(tree of RestoreArgs) positionally: Orbax takes it as the restore arguments
             args = dataclasses.replace(args, item=None, restore_args=args.item)
         reshapes: dict[tuple[str, ...], Any] = {}  # strict=False leaves restored at another shape
+        cache: dict[str, Any] = {}
+
+        def stored(names: tuple[str, ...]) -> Any:
+            if "tree" not in cache:
+                cache["tree"] = metadata(location, item=item)
+            node = cache["tree"]
+            for n in names:
+                node = node[int(n)] if isinstance(node, (list, tuple)) else node[n]
+            return node
+
         if isinstance(args, args_lib.PyTreeRestore):
             if args.legacy_transform_fn is not None:
                 raise UnsupportedError("PyTreeRestore(legacy_transform_fn=...) is not supported; use transforms=")
@@ -300,26 +310,26 @@ class PyTreeCheckpointHandler(CheckpointHandler):
             if args.transforms is not None and not args.partial_restore:
                 # transforms={}: the item's keys, taken from the checkpoint (the others left out)
                 args = dataclasses.replace(args, partial_restore=True)
-            cache: dict[str, Any] = {}
-
-            def stored(names: tuple[str, ...]) -> Any:
-                if "tree" not in cache:
-                    cache["tree"] = metadata(location, item=item)
-                node = cache["tree"]
-                for n in names:
-                    node = node[int(n)] if isinstance(node, (list, tuple)) else node[n]
-                return node
-
             target = restore_target(args.item, args.restore_args, stored, reshapes)
         elif isinstance(args, args_lib.StandardRestore):
+            _check_standard_item(args.item, restoring=True)
             target = args.item
+            if not args.strict and target is not None:
+                target = restore_target(target, _standard_restore_args(target), stored, reshapes)
         else:
             raise TypeError(f"{type(self).__name__} restores {self.restore_args.__name__}, not {type(args).__name__}")
+        given = getattr(args, "item", None)
+        nones = _none_paths(given)  # as Orbax: a None item leaf is not read, and comes back None
+        target = _as_placeholders(target, nones)
         if target is not None:  # as Orbax: the tree checked, abstract leaves without sharding on the saved ones
             partial = bool(getattr(args, "partial_restore", False))
             target = settled_target(location, item, target, partial=partial, present=lambda x: x is PLACEHOLDER)
         target, holes = strip_placeholders(target)
-        return put_placeholders(apply_reshapes(restore(location, target, item=item), reshapes), holes)
+        if isinstance(target, dict) and not target and holes:
+            restored: Any = {}  # every leaf a placeholder: nothing to read
+        else:
+            restored = apply_reshapes(restore(location, target, item=item), reshapes)
+        return _put_nones(put_placeholders(restored, holes), nones, given)
 
 
 def _place(value: Any, a: Any) -> Any:
@@ -371,6 +381,7 @@ class StandardCheckpointHandler(PyTreeCheckpointHandler):
         """The item (cast per ``save_args``) and chunk sizes."""
         if not isinstance(args, args_lib.StandardSave):
             raise TypeError(f"StandardCheckpointHandler saves StandardSave, not {type(args).__name__}")
+        _check_standard_item(args.item)
         flat, rebuild = flatten_with_names(args.item)
         if any(_array_like_scalar(v) for _, v in flat):
             # as Orbax's StandardSave: array-likes (NumPy scalars) are saved as 0-d arrays
@@ -381,6 +392,100 @@ class StandardCheckpointHandler(PyTreeCheckpointHandler):
 
 def _array_like_scalar(x: Any) -> bool:
     return isinstance(x, np.generic) and hasattr(x, "__array__")
+
+
+def _is_empty_node(x: Any) -> bool:
+    return x is None or (isinstance(x, (dict, list, tuple)) and not x)
+
+
+def _standard_leaf(x: Any, *, restoring: bool) -> bool:
+    """Whether ``x`` is a leaf Orbax's ``StandardCheckpointHandler`` takes: ``int``,
+    ``float``, ``np.ndarray``, ``jax.Array`` (saving: anything NumPy turns into an array),
+    and restoring also ``jax.ShapeDtypeStruct``."""
+    if isinstance(x, (int, float, np.ndarray)):
+        return True
+    jax = sys.modules.get("jax")
+    if jax is not None and isinstance(x, jax.Array):
+        return True
+    if restoring:
+        return jax is not None and isinstance(x, jax.ShapeDtypeStruct)
+    return hasattr(x, "__array__") and not isinstance(x, (str, bytes))
+
+
+def _check_standard_item(item: Any, *, restoring: bool = False) -> None:
+    """Orbax's checks of a ``StandardSave``/``StandardRestore`` item: a tree (not one array or
+    number) of the supported leaf types; ``ValueError("Unsupported type: ...")`` otherwise."""
+    if not restoring:
+        if item is None:
+            raise ValueError("Must provide item to save.")
+        jax = sys.modules.get("jax")
+        if isinstance(item, (int, float, complex, np.number)) or (jax is not None and isinstance(item, jax.Array)):
+            raise ValueError("StandardCheckpointHandler / StandardSave does not support single arrays or scalars. "
+                             "Use ArrayCheckpointHandler / ArraySave")
+    for names, x in flatten_with_names(item)[0]:
+        if not _is_empty_node(x) and not _standard_leaf(x, restoring=restoring):
+            raise ValueError(f"Unsupported type: {type(x)} for key: {tuple(names)}.")
+
+
+def _standard_restore_args(item: Any) -> Any:
+    """``StandardRestore(item, strict=False)`` as Orbax runs it: array leaves that name a
+    sharding get ``ArrayRestoreArgs(strict=False)`` (read at the stored shape, then padded or
+    truncated); the others keep the item's own leaf."""
+    jax = sys.modules.get("jax")
+    flat, rebuild = flatten_with_names(item)
+    out = []
+    for _, x in flat:
+        sharding = getattr(x, "sharding", None) if jax is not None and isinstance(
+            x, (jax.Array, jax.ShapeDtypeStruct)) else None
+        out.append(ArrayRestoreArgs(sharding=sharding, global_shape=tuple(x.shape), dtype=x.dtype, strict=False)
+                   if sharding is not None else None)
+    return rebuild(out)
+
+
+def _none_paths(tree: Any) -> list[tuple[Any, ...]]:
+    """The paths of ``None`` entries of the dicts of a restore item (Orbax gives ``None``
+    back for them, reading nothing)."""
+    paths: list[tuple[Any, ...]] = []
+
+    def walk(x: Any, path: tuple[Any, ...]) -> None:
+        if type(x) is dict:
+            for k, v in x.items():
+                if v is None:
+                    paths.append(path + (k,))
+                else:
+                    walk(v, path + (k,))
+
+    walk(tree, ())
+    return paths
+
+
+def _as_placeholders(tree: Any, paths: list[tuple[Any, ...]]) -> Any:
+    """``tree`` (a restore target) with ``PLACEHOLDER`` at ``paths`` (dict entries; copied)."""
+    if not paths:
+        return tree
+
+    def walk(x: Any, path: tuple[Any, ...]) -> Any:
+        if type(x) is not dict:
+            return x
+        return {k: PLACEHOLDER if path + (k,) in wanted else walk(v, path + (k,)) for k, v in x.items()}
+
+    wanted = set(paths)
+    return walk(tree, ())
+
+
+def _put_nones(tree: Any, paths: list[tuple[Any, ...]], target: Any) -> Any:
+    """``tree`` with ``None`` at ``paths``, each dict's keys in ``target``'s order."""
+    for path in paths:
+        node, like = tree, target
+        for k in path[:-1]:
+            node, like = node[k], like[k]
+        node[path[-1]] = None
+        if isinstance(node, dict) and isinstance(like, dict):
+            order = [k for k in like if k in node] + [k for k in node if k not in like]
+            items = [(k, node[k]) for k in order]
+            node.clear()
+            node.update(items)
+    return tree
 
 
 class JsonCheckpointHandler(CheckpointHandler):
