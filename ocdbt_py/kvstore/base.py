@@ -256,8 +256,9 @@ class KvStore(abc.ABC):
                    ) -> builtins.list[tuple[int, concurrent.futures.Future[Any]]]:
         """Start reading bytes ``[lo, hi)`` of ``key`` as consecutive parts: ``(offset,
         future)`` in offset order, each part ending where the next starts (the last at
-        ``hi``).  A future gives the part's bytes (a bytes-like object; shorter, or empty,
-        where the object ends first), or ``None`` when the key is absent.  Only where
+        ``hi``).  A future gives the part's bytes (a bytes-like object, or a list of them
+        holding consecutive pieces; shorter, or empty, where the object ends first), or
+        ``None`` when the key is absent.  Only where
         :attr:`supports_read_parts`."""
         raise UnsupportedError(f"{self.url} cannot read in parts")
 

@@ -31,12 +31,14 @@ from zarr3.codecs.zstd import zstd_decompress_stream_into
 
 class PartsStore(KvStore):
     """``base`` read through :meth:`read_parts` in parts of ``part`` bytes that complete in a
-    shuffled order (each after a short random delay); ``fail`` makes data-file parts raise."""
+    shuffled order (each after a short random delay), each handed over as one buffer or (with
+    ``chunks``) as a list of three consecutive ones; ``fail`` makes data-file parts raise."""
 
-    def __init__(self, base: KvStore, part: int = 100_000, fail: bool = False):
+    def __init__(self, base: KvStore, part: int = 100_000, fail: bool = False, chunks: bool = False):
         self.base = base
         self.part = part
         self.fail = fail
+        self.chunks = chunks
         self.read_only = True
         self.pool = concurrent.futures.ThreadPoolExecutor(8)
         self.rng = random.Random(7)
@@ -57,13 +59,17 @@ class PartsStore(KvStore):
     def supports_read_parts(self) -> bool:
         return True
 
-    def _part(self, key: str, a: int, b: int, delay: float) -> bytes | None:
+    def _part(self, key: str, a: int, b: int, delay: float) -> bytes | list[bytes] | None:
         time.sleep(delay)
         if self.fail:
             raise OSError("boom")
         with self.lock:
             self.parts_read += 1
-        return self.base.get(key, (a, b))
+        data = self.base.get(key, (a, b))
+        if data is None or not self.chunks:
+            return data
+        third = max(1, len(data) // 3)
+        return [data[:third], data[third: 2 * third], data[2 * third:]]
 
     def read_parts(self, key: str, lo: int, hi: int) -> builtins.list[tuple[int, concurrent.futures.Future[Any]]]:
         with self.lock:
@@ -105,10 +111,16 @@ def streamed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return seen
 
 
+@pytest.mark.parametrize("chunks,budget", [(False, None), (True, None), (True, 2 << 20)])
 def test_large_chunks_decode_while_their_parts_arrive(large: tuple[Path, dict[str, np.ndarray]],
-                                                      streamed: list[int]) -> None:
+                                                      streamed: list[int], chunks: bool, budget: int | None,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """(with a 2 MiB budget: parts decoded give their bytes back to it as they go, so the next
+    request starts before the chunk is done)"""
     path, tree = large
-    store = PartsStore(LocalStore(path, read_only=True))
+    if budget is not None:
+        monkeypatch.setenv("OCDBT_PY_FETCH_BYTES", str(budget))
+    store = PartsStore(LocalStore(path, read_only=True), chunks=chunks)
     _same(checkpoint.restore(store), tree)
     assert len(streamed) == 3 * 3  # every 1.5 MiB chunk, each over many parts
     assert all(n >= remoteread.STREAM_MIN for n in streamed)
@@ -124,7 +136,7 @@ def test_values_across_parts_of_any_size(large: tuple[Path, dict[str, np.ndarray
     monkeypatch.setattr(remoteread, "STREAM_MIN", 1 << 40)  # no streaming: whole values only
     if part < 1000:
         tree = small  # (thousands of parts a chunk: only the small arrays)
-    got = checkpoint.restore(PartsStore(LocalStore(path, read_only=True), part=part),
+    got = checkpoint.restore(PartsStore(LocalStore(path, read_only=True), part=part, chunks=part > 100),
                              {k: np.zeros_like(v) for k, v in tree.items()})
     _same(got, tree)
 
@@ -164,7 +176,7 @@ def test_part_view_whole_head_and_read() -> None:
     data = bytes(range(256)) * 40
     parts = _parts(data, [1000, 1001, 5000], lo=100)
     inside = PartView(parts, 1200, 5000)
-    assert isinstance(inside.whole(), memoryview)  # one part: a view, no copy
+    assert isinstance(inside.whole(), memoryview) and isinstance(inside.whole().obj, bytes)  # a view, no copy
     assert bytes(inside.whole()) == data[1100:4900]
     across = PartView(parts, 150, 9000)
     assert bytes(across.whole()) == data[50:8900] and len(across) == across.nbytes == 8850
@@ -175,6 +187,28 @@ def test_part_view_whole_head_and_read() -> None:
         pieces.append(bytes(piece))
     assert b"".join(pieces) == data[50:8900]
     assert across.read(10) == b""
+
+
+def test_part_view_over_chunked_parts() -> None:
+    data = bytes(range(256)) * 40
+
+    def chunked() -> Parts:
+        f: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        f.set_result([data[:10], b"", data[10:4000]])
+        g: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        g.set_result([data[4000:7000], data[7000:]])
+        return Parts("mem://f", 0, len(data), [(0, f), (4000, g)])
+
+    parts = chunked()
+    assert bytes(PartView(parts, 20, 3000).whole()) == data[20:3000]
+    assert bytes(PartView(parts, 5, 9000).whole()) == data[5:9000]
+    parts = chunked()
+    view = PartView(parts, 3, len(data))
+    pieces = []
+    while piece := view.read(1 << 20):
+        pieces.append(bytes(piece))
+    assert b"".join(pieces) == data[3:] and [len(p) for p in pieces] == [7, 3990, 3000, len(data) - 7000]
+    assert parts.futs == [None, None]  # read past: let go
 
 
 def test_part_view_short_or_absent_part_is_corruption() -> None:

@@ -168,7 +168,7 @@ class Parts:
     (:meth:`~ocdbt_py.kvstore.base.KvStore.read_parts`), in offset order.  A part is let go
     (its bytes freed) once every :class:`PartView` over it has read past it."""
 
-    __slots__ = ("where", "lo", "hi", "offsets", "futs", "users", "lock")
+    __slots__ = ("where", "lo", "hi", "offsets", "futs", "users", "lock", "got", "freed", "on_free")
 
     def __init__(self, where: str, lo: int, hi: int, parts: Sequence[tuple[int, concurrent.futures.Future[Any]]]):
         self.where = where
@@ -179,6 +179,11 @@ class Parts:
         #: per part: how many views still need it
         self.users = [0] * len(self.futs)
         self.lock = threading.Lock()
+        #: per part, once looked at: its chunks and the data-file offset of each
+        self.got: list[tuple[list[memoryview], list[int]] | None] = [None] * len(self.futs)
+        #: bytes of the parts let go so far, and who is told of each (the budget's keeper)
+        self.freed = 0
+        self.on_free: Callable[[int], None] | None = None
 
     def index(self, offset: int) -> int:
         """The part holding byte ``offset`` of the data file."""
@@ -187,14 +192,24 @@ class Parts:
     def use(self, first: int, last: int, n: int) -> None:
         """Parts ``first`` to ``last`` gain (``n=1``) or lose (``n=-1``) a user; one that
         loses its last is let go."""
+        freed = 0
         with self.lock:
             for k in range(first, last + 1):
                 self.users[k] += n
-                if self.users[k] <= 0:
+                if self.users[k] <= 0 and self.futs[k] is not None:
                     self.futs[k] = None
+                    self.got[k] = None
+                    freed += (self.offsets[k + 1] if k + 1 < len(self.offsets) else self.hi) - self.offsets[k]
+            self.freed += freed
+        if freed and self.on_free is not None:
+            self.on_free(freed)
 
-    def piece(self, k: int) -> memoryview:
-        """The bytes of part ``k`` once it has arrived, checked to be all there."""
+    def _chunks(self, k: int) -> tuple[list[memoryview], list[int]]:
+        """Part ``k`` once it has arrived (checked to be all there): its chunks (a part is one
+        buffer or a list of consecutive ones) and the data-file offset of each."""
+        cached = self.got[k]
+        if cached is not None:
+            return cached
         fut = self.futs[k]
         if fut is None:
             raise RuntimeError("a part was read after every reader let it go")
@@ -203,11 +218,31 @@ class Parts:
         want = (self.offsets[k + 1] if k + 1 < len(self.offsets) else self.hi) - lo
         if got is None:
             raise CorruptionError("data file referenced by the database is missing", path=self.where)
-        mv = memoryview(got)
-        if mv.nbytes != want:
-            raise CorruptionError(f"data file is truncated: wanted {want} bytes at offset {lo}, got {mv.nbytes}",
+        mvs: list[memoryview] = []
+        starts: list[int] = []
+        off = lo
+        for c in got if isinstance(got, list) else [got]:
+            mv = memoryview(c)
+            if mv.format != "B" or mv.ndim != 1:
+                mv = mv.cast("B")
+            if mv.nbytes:
+                mvs.append(mv)
+                starts.append(off)
+                off += mv.nbytes
+        if off - lo != want:
+            raise CorruptionError(f"data file is truncated: wanted {want} bytes at offset {lo}, got {off - lo}",
                                   path=self.where, offset=lo)
-        return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+        with self.lock:
+            if self.futs[k] is not None:
+                self.got[k] = (mvs, starts)
+        return mvs, starts
+
+    def chunk(self, offset: int) -> tuple[memoryview, int]:
+        """The chunk holding byte ``offset`` of the data file (once its part has arrived) and
+        the chunk's own offset."""
+        mvs, starts = self._chunks(self.index(offset))
+        j = bisect.bisect_right(starts, offset) - 1
+        return mvs[j], starts[j]
 
 
 class PartView:
@@ -240,20 +275,16 @@ class PartView:
     def _slice(self, lo: int, hi: int) -> memoryview | bytes:
         """Bytes ``[lo, hi)`` of the data file (within the view): a view of one part, or a
         copy joined from several."""
-        parts = self.parts
-        k = parts.index(lo)
-        mv = parts.piece(k)
-        off = parts.offsets[k]
+        mv, off = self.parts.chunk(lo)
         if hi - off <= len(mv):
             return mv[lo - off: hi - off]
         out = bytearray()
         while lo < hi:
-            out += mv[lo - off: min(hi, off + len(mv)) - off]
-            lo = off + len(mv)
-            if lo < hi:
-                k += 1
-                mv, off = parts.piece(k), parts.offsets[k]
-        return bytes(out)
+            mv, off = self.parts.chunk(lo)
+            piece = mv[lo - off: min(hi - off, len(mv))]
+            out += piece
+            lo += len(piece)
+        return memoryview(out)
 
     def whole(self) -> memoryview | bytes:
         """All of the value, once it has arrived."""
@@ -277,8 +308,7 @@ class PartView:
         if k > self._kept:
             parts.use(self._kept, k - 1, -1)
             self._kept = k
-        mv = parts.piece(k)
-        off = parts.offsets[k]
+        mv, off = parts.chunk(pos)
         end = min(off + len(mv), self.b, pos + n)
         self._pos = end
         return mv[pos - off: end - off]
@@ -407,6 +437,31 @@ class Prefetch:
     def wait(self) -> None:
         """Wait until every request has finished (their buffers are then free to reuse)."""
         concurrent.futures.wait([f for _, f in self.jobs])
+
+
+class _Freed:
+    """Bytes of parts let go by the decode workers, for the run loop to take back into its
+    budget; :attr:`wake` finishes when there are some."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.nbytes = 0
+        self.wake: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.nbytes += n
+            wake = self.wake
+            if not wake.done():
+                wake.set_result(None)
+
+    def take(self) -> int:
+        """The bytes let go since the last call (and a fresh :attr:`wake`)."""
+        with self.lock:
+            n, self.nbytes = self.nbytes, 0
+            if self.wake.done():
+                self.wake = concurrent.futures.Future()
+            return n
 
 
 def _decode(pool: Any, consume: Callable[[int, Any], None], answers: list[tuple[int, Any]]
@@ -589,16 +644,21 @@ class RemoteSource:
         decoding: dict[concurrent.futures.Future[Any], _Job | None] = {}
         held = 0
 
+        # parts decoded and let go give their bytes back to the budget at once (the next
+        # request starts while the last parts of a large chunk are still being decoded)
+        freed = _Freed()
+
         def start_early(job: _Job) -> None:
             # values read in parts go to the decode workers at once: each is decoded as its
             # parts arrive (see PartView), while the rest of the read is on its way
             if pool is not None and job.parts is not None and job.spans[0][4]:
                 job.early = True
+                job.parts.on_free = freed.add
                 submit_decode(self._answers(job, None), job)
 
         def finished(job: _Job) -> None:
             nonlocal held
-            held -= job.nbytes
+            held -= job.nbytes - (job.parts.freed if job.parts is not None and job.early else 0)
             job.parts = None
             if job.buf is not None:
                 buffers.give(job.buf)
@@ -617,15 +677,20 @@ class RemoteSource:
             for lo in range(0, len(ready), 256):
                 submit_decode(ready[lo: lo + 256], None)
             while queue or fetching or decoding:
+                held -= freed.take()
                 while queue and len(fetching) < MAX_REQUESTS and (
                         held + queue[0].nbytes <= budget or not (fetching or decoding)):
                     job = queue.popleft()
                     held += job.nbytes
                     fetching[self._start(job, buffers)] = job
                     start_early(job)
-                done, _ = concurrent.futures.wait(list(fetching) + list(decoding),
-                                                  return_when=concurrent.futures.FIRST_COMPLETED)
+                waits = list(fetching) + list(decoding)
+                if queue:
+                    waits.append(freed.wake)
+                done, _ = concurrent.futures.wait(waits, return_when=concurrent.futures.FIRST_COMPLETED)
                 for f in done:
+                    if f is freed.wake:
+                        continue
                     if f in fetching:
                         job = fetching.pop(f)
                         if job.early:  # its values are being decoded already
