@@ -286,6 +286,14 @@ class PartView:
             lo += len(piece)
         return memoryview(out)
 
+    def release(self) -> None:
+        """Let go of every part this view still holds (it is not read again)."""
+        if self.b > self.a:
+            last = self.parts.index(self.b - 1)
+            if self._kept <= last:
+                self.parts.use(self._kept, last, -1)
+                self._kept = last + 1
+
     def whole(self) -> memoryview | bytes:
         """All of the value, once it has arrived."""
         return self._slice(self.a, self.b)
@@ -300,9 +308,8 @@ class PartView:
         pos = self._pos
         parts = self.parts
         if pos >= self.b or n <= 0:
-            if pos >= self.b and self.b > self.a and self._kept <= parts.index(self.b - 1):
-                parts.use(self._kept, parts.index(self.b - 1), -1)
-                self._kept = parts.index(self.b - 1) + 1
+            if pos >= self.b:
+                self.release()
             return b""
         k = parts.index(pos)
         if k > self._kept:
@@ -472,7 +479,11 @@ def _decode(pool: Any, consume: Callable[[int, Any], None], answers: list[tuple[
     their outcomes."""
     def decode_all(some: list[tuple[int, Any]]) -> None:
         for i, v in some:
-            consume(i, v)
+            try:
+                consume(i, v)
+            finally:
+                if isinstance(v, PartView):
+                    v.release()  # its parts are freed once every value over them is decoded
 
     if pool is None:
         decode_all(answers)
