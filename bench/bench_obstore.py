@@ -21,6 +21,9 @@ a fresh process; sides alternate who goes first; best of ``--repeat``.
   ranges, all in flight; obstore's client, the fastest one here): the bytes alone, nothing
   parsed or decoded.
 
+Every worker also reports its process's peak RSS (interpreter, imports and the restored
+arrays included; ours and TensorStore's are tabulated).
+
 The server is moto with ``--fast-ranges`` (``tests/objectstores/moto_main.py``).  The S3 server
 is single-process Python sharing the machine's 2 cores with the client: quote ratios.
 """
@@ -125,6 +128,8 @@ def run_floor(url: str, files_json: str) -> dict[str, Any]:
 
 
 def worker(argv: list[str]) -> None:
+    import resource
+
     kind = argv[0]
     if kind == "ours":
         res = run_ours(argv[1], argv[2])
@@ -134,6 +139,7 @@ def worker(argv: list[str]) -> None:
         res = run_floor(argv[1], argv[2])
     else:
         raise SystemExit(f"unknown worker {kind}")
+    res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the whole process
     print(json.dumps(res))
 
 
@@ -201,7 +207,8 @@ def bench_s3(root: Path, cases: list[str], repeat: int) -> list[dict[str, Any]]:
                             "floor": ["floor", url, files], "fsspec": ["ours", url, "fsspec"]}[side]
                     res = _call(argv, dict(env, OCDBT_PY_BACKEND="fsspec") if side == "fsspec" else env)
                     runs[side].append(res)
-                    print(f"[s3 {case}] {side}: {res['seconds']:.3f} s {res.get('store', '')}", file=sys.stderr)
+                    print(f"[s3 {case}] {side}: {res['seconds']:.3f} s, peak RSS {res['peak_rss_mib']:.0f} MiB "
+                          f"{res.get('store', '')}", file=sys.stderr)
             assert all(r["store"] == "ObstoreStore" for r in runs["ours"]), runs["ours"]
             assert all(r["store"] == "S3Store" for r in runs["fsspec"]), runs["fsspec"]
             pairs = [o["seconds"] / t["seconds"] for o, t in zip(runs["ours"], runs["ts"])]
@@ -209,7 +216,9 @@ def bench_s3(root: Path, cases: list[str], repeat: int) -> list[dict[str, Any]]:
                          "peer": "TensorStore s3", "peer_s": _best(runs["ts"]), "floor_s": _best(runs["floor"]),
                          "ratio": _best(runs["ours"]) / _best(runs["ts"]),
                          "median_pair_ratio": statistics.median(pairs),
-                         "fsspec_s": _best(runs["fsspec"]), "bytes": runs["ours"][0]["bytes"]})
+                         "fsspec_s": _best(runs["fsspec"]), "bytes": runs["ours"][0]["bytes"],
+                         "ours_rss_mib": max(r["peak_rss_mib"] for r in runs["ours"]),
+                         "peer_rss_mib": max(r["peak_rss_mib"] for r in runs["ts"])})
     finally:
         srv.stop()
     return rows
@@ -272,12 +281,15 @@ def main() -> None:
         rows += bench_s3(root, cases, args.repeat)
     if "azure" in args.services:
         rows += bench_azure(root, cases, args.repeat)
-    print("| service | case | ours (obstore) | peer | peer time | ours/peer | floor | ours/floor | ours via fsspec |")
-    print("|---|---|---:|---|---:|---:|---:|---:|---:|")
+    print("| service | case | ours (obstore) | peer | peer time | ours/peer | floor | ours/floor | ours via fsspec "
+          "| peak RSS ours / peer |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         fs = f"{r['fsspec_s']:.3f} s" if "fsspec_s" in r else "—"
+        rss = f"{r['ours_rss_mib']:.0f} / {r['peer_rss_mib']:.0f} MiB" if "peer_rss_mib" in r else "—"
         print(f"| {r['service']} | {r['case']} | {r['ours_s']:.3f} s | {r['peer']} | {r['peer_s']:.3f} s "
-              f"| {r['ratio']:.2f}x | {r['floor_s']:.3f} s | {r['ours_s'] / r['floor_s']:.2f}x | {fs} |")
+              f"| {r['ratio']:.2f}x | {r['floor_s']:.3f} s | {r['ours_s'] / r['floor_s']:.2f}x | {fs} | {rss} |")
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 
