@@ -175,6 +175,9 @@ def test_http_server_ignoring_ranges_is_never_misread(tmp_path: Path, backend: s
         if store.supports_read_into:
             assert store.read_into([("f.bin", 5, buf)])[0].result(timeout=60) == 100
             assert bytes(buf) == BLOB[5:105]
+        if store.supports_read_parts:
+            assert b"".join(_joined(f.result(timeout=60)) for _, f in store.read_parts("f.bin", 10, 110)) \
+                == BLOB[10:110]
         assert store.get("absent") is None
     finally:
         server.shutdown()
