@@ -223,13 +223,13 @@ class Checkpointer(AbstractCheckpointer):
         started = time.perf_counter()
         cls = self._temporary_path_class or atomicity.AtomicRenameTemporaryPath
         primary = is_primary_host(self._primary)
-        if os.path.lexists(local):
-            if not force:
-                raise DestinationExistsError(f"Destination {directory} already exists.")
-            if primary and not issubclass(cls, atomicity.AtomicRenameTemporaryPath):
-                _remove(local)  # written in place: the old one goes first (a rename replaces it at the end)
+        exists = os.path.lexists(local)
+        if exists and not force:
+            raise DestinationExistsError(f"Destination {directory} already exists.")
         a = self._save_args(args, kwargs)
         tmp = cls.from_final(local)
+        if exists and primary and not issubclass(cls, atomicity.AtomicRenameTemporaryPath):
+            _remove(local)  # written in place: the old one goes first (a rename replaces it at the end)
         init_ns = time.time_ns()
         coord = coordinator()  # every process saves: the primary creates and finalizes, all wait for it
         err: BaseException | None = None
