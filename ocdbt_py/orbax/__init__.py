@@ -41,6 +41,7 @@ from ocdbt_py.orbax.checkpointers import (
     StandardCheckpointer,
 )
 from ocdbt_py.orbax.handlers import (
+    ArrayCheckpointHandler,
     AsyncCheckpointHandler,
     CheckpointHandler,
     CompositeCheckpointHandler,
@@ -86,6 +87,7 @@ __all__ = [
     "StandardCheckpointHandler",
     "PyTreeCheckpointHandler",
     "JsonCheckpointHandler",
+    "ArrayCheckpointHandler",
     "CompositeCheckpointHandler",
     "DefaultCheckpointHandlerRegistry",
     "CheckpointManager",

@@ -26,6 +26,8 @@ __all__ = [
     "PyTreeRestore",
     "JsonSave",
     "JsonRestore",
+    "ArraySave",
+    "ArrayRestore",
     "Composite",
 ]
 
@@ -155,6 +157,23 @@ class JsonRestore(CheckpointArgs):
     """Restore a JSON item."""
 
     item: Any = None
+
+
+@dataclasses.dataclass
+class ArraySave(CheckpointArgs):
+    """Save one array or scalar (``ArrayCheckpointHandler``); ``save_args`` a ``SaveArgs``."""
+
+    item: Any
+    save_args: Any = None
+
+
+@dataclasses.dataclass
+class ArrayRestore(CheckpointArgs):
+    """Restore an item saved with :class:`ArraySave`; ``restore_args`` a ``RestoreArgs`` (or
+    ``ArrayRestoreArgs``) for its type and placement; ``item`` is unused, as in Orbax."""
+
+    item: Any = None
+    restore_args: Any = None
 
 
 class Composite(CheckpointArgs, Mapping[str, Any]):

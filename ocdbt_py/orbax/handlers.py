@@ -30,6 +30,7 @@ from ocdbt_py.checkpoint.restore.api import resolve, restore
 from ocdbt_py.checkpoint.saving import async_save
 from ocdbt_py.checkpoint.saving.api import FilesItem, JsonItem, SaveHandle, save
 from ocdbt_py.checkpoint.saving.layout_writer import (
+    ARRAY_HANDLER,
     JSON_HANDLER,
     PYTREE_HANDLER,
     STANDARD_HANDLER,
@@ -40,6 +41,7 @@ from ocdbt_py.errors import NotFoundError, UnsupportedError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.orbax import args as args_lib
+from ocdbt_py.orbax import type_handlers
 from ocdbt_py.orbax._convert import (
     PLACEHOLDER,
     apply_reshapes,
@@ -61,8 +63,8 @@ from ocdbt_py.orbax.registry import (
 )
 from ocdbt_py.orbax.step_statistics import from_stored
 from ocdbt_py.orbax.transform_utils import apply_transformations
-from ocdbt_py.orbax.type_handlers import ArrayRestoreArgs, RestoreArgs
-from ocdbt_py.orbax.utils import is_primary_host
+from ocdbt_py.orbax.type_handlers import RestoreArgs
+from ocdbt_py.orbax.utils import is_primary_host, is_scalar
 
 __all__ = [
     "CheckpointHandlerRegistry",
@@ -73,6 +75,7 @@ __all__ = [
     "StandardCheckpointHandler",
     "PyTreeCheckpointHandler",
     "JsonCheckpointHandler",
+    "ArrayCheckpointHandler",
     "CompositeCheckpointHandler",
     "StandardSaveArgs",
     "StandardRestoreArgs",
@@ -80,6 +83,8 @@ __all__ = [
     "PyTreeRestoreArgs",
     "JsonSaveArgs",
     "JsonRestoreArgs",
+    "ArraySaveArgs",
+    "ArrayRestoreArgs",
     "CompositeArgs",
     "CompositeResults",
 ]
@@ -92,6 +97,8 @@ PyTreeSaveArgs = args_lib.PyTreeSave
 PyTreeRestoreArgs = args_lib.PyTreeRestore
 JsonSaveArgs = args_lib.JsonSave
 JsonRestoreArgs = args_lib.JsonRestore
+ArraySaveArgs = args_lib.ArraySave
+ArrayRestoreArgs = args_lib.ArrayRestore  # as Orbax's ``handlers``: not ``type_handlers.ArrayRestoreArgs``
 CompositeArgs = args_lib.Composite
 CompositeResults = args_lib.Composite
 
@@ -337,7 +344,7 @@ def _place(value: Any, a: Any) -> Any:
     ``jax.Array`` on its sharding)."""
     if isinstance(a, RestoreArgs) and a.dtype is not None and hasattr(value, "astype"):
         value = value.astype(a.dtype)
-    if isinstance(a, ArrayRestoreArgs):
+    if isinstance(a, type_handlers.ArrayRestoreArgs):
         import jax  # ArrayRestoreArgs name JAX shardings: JAX is loaded already
 
         sharding = jax_sharding(a.sharding)
@@ -571,6 +578,51 @@ class JsonCheckpointHandler(CheckpointHandler):
         return NativeItem(JsonItem(args.item, filename=self.filename))
 
 
+class ArrayCheckpointHandler(CheckpointHandler):
+    """One array or scalar (``ArraySave``/``ArrayRestore``), stored as Orbax stores it: a
+    one-leaf tree ``{checkpoint_name: value}`` without OCDBT."""
+
+    save_args = args_lib.ArraySave
+    restore_args = args_lib.ArrayRestore
+    _builtin = True
+    _typestr = ARRAY_HANDLER
+
+    def __init__(self, checkpoint_name: str | None = None):
+        self.checkpoint_name = checkpoint_name or "checkpoint"
+
+    def to_native(self, args: args_lib.CheckpointArgs) -> NativeItem:
+        """``{checkpoint_name: item}`` (cast per ``save_args``), without OCDBT."""
+        if not isinstance(args, args_lib.ArraySave):
+            raise TypeError(f"ArrayCheckpointHandler saves ArraySave, not {type(args).__name__}")
+        item = args.item
+        if not (hasattr(item, "shape") and hasattr(item, "dtype")) and not is_scalar(item):
+            raise TypeError(f"Unsupported type: {type(item)}.")
+        name = self.checkpoint_name
+        save_args = None if args.save_args is None else {name: args.save_args}
+        tree, sizes = apply_save_args({name: item}, save_args)
+        return NativeItem(tree, "array", {"use_ocdbt": False}, sizes)
+
+    def restore_from(self, location: Location, args: args_lib.CheckpointArgs | None, item: str | None = None) -> Any:
+        """The array (placed and typed as ``args.restore_args`` says)."""
+        restore_args = getattr(args, "restore_args", None)
+        if args is not None and not isinstance(args, args_lib.ArrayRestore):
+            raise TypeError(f"ArrayCheckpointHandler restores ArrayRestore, not {type(args).__name__}")
+        name = self.checkpoint_name
+        got = restore(location, saved_sharding_target(location, item) if restore_args is None else None, item=item)
+        # the native restore gives an ArrayCheckpointHandler item's one leaf already
+        if isinstance(got, dict) and set(got) == {name}:
+            got = got[name]
+        return got if restore_args is None else _place(got, restore_args)
+
+    def item_metadata(self, location: Location, item: str | None) -> Any:
+        """``None``: Orbax's array handler keeps no metadata of its own."""
+        return None
+
+    def metadata(self, directory: Location) -> Any:
+        """``None``, as Orbax's."""
+        return None
+
+
 def _exists(location: Location) -> bool:
     """Whether a local directory exists (object-store prefixes always "exist")."""
     if isinstance(location, KvStore):
@@ -626,7 +678,8 @@ def _register_builtin() -> None:
     """Orbax's registrations of its own argument classes."""
     for handler, save_cls, restore_cls in ((StandardCheckpointHandler, args_lib.StandardSave, args_lib.StandardRestore),
                                            (PyTreeCheckpointHandler, args_lib.PyTreeSave, args_lib.PyTreeRestore),
-                                           (JsonCheckpointHandler, args_lib.JsonSave, args_lib.JsonRestore)):
+                                           (JsonCheckpointHandler, args_lib.JsonSave, args_lib.JsonRestore),
+                                           (ArrayCheckpointHandler, args_lib.ArraySave, args_lib.ArrayRestore)):
         args_lib.register_with_handler(handler, for_save=True)(save_cls)
         args_lib.register_with_handler(handler, for_restore=True)(restore_cls)
 

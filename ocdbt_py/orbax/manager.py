@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import os
 import pathlib
 import time
@@ -33,6 +34,7 @@ from ocdbt_py.orbax import utils
 from ocdbt_py.orbax._foreign import refuse_orbax_object
 from ocdbt_py.orbax.checkpointers import Checkpointer
 from ocdbt_py.orbax.handlers import CheckpointHandler, CompositeCheckpointHandler
+from ocdbt_py.orbax.logging import StandardLogger
 from ocdbt_py.orbax.metadata import (
     RootMetadata,
     StepMetadata,
@@ -41,13 +43,18 @@ from ocdbt_py.orbax.metadata import (
     write_root_metadata,
 )
 from ocdbt_py.orbax.options import AsyncOptions, FileOptions, MultiprocessingOptions
+from ocdbt_py.orbax.path import atomicity
 from ocdbt_py.orbax.path.step import native_format
 from ocdbt_py.orbax.preservation import CheckpointInfo
+from ocdbt_py.orbax.step_statistics import RestoreStepStatistics, SaveStepStatistics
 
 __all__ = ["CheckpointManager", "CheckpointManagerOptions", "CheckpointInfo", "StepAlreadyExistsError",
            "DEFAULT_ITEM_NAME", "METRIC_ITEM_NAME"]
 
 DEFAULT_ITEM_NAME = "default"
+#: a save that waited longer than this for the previous one logs a warning (as Orbax)
+WAIT_FOR_PREV_SAVE_WARNING_SECS = 1.0
+_log = logging.getLogger(__name__)
 METRIC_ITEM_NAME = "metrics"
 
 
@@ -172,7 +179,8 @@ class CheckpointManager:
         elif item_handlers is not None:
             refuse_orbax_object(item_handlers, "item_handlers")
         telemetry.record_event("/jax/orbax/checkpoint_manager/init")
-        self._logger = logger
+        self._logger = logger if logger is not None else StandardLogger()  # as Orbax: step statistics at INFO
+        self._last_save_time: float | None = None
         self._options = o = options or CheckpointManagerOptions()
         fmt = self._name_format(o)
         if o.create and not o.read_only and isinstance(directory, (str, os.PathLike)):
@@ -180,13 +188,14 @@ class CheckpointManager:
         self._save_policy = o.save_decision_policy or default_save_decision_policy(o)
         self._preservation = o.preservation_policy or default_preservation_policy(o)
         callback = o.async_options.post_finalization_callback if o.async_options else None
+        self._native_preservation = pp.NativePreservation(self._preservation)
         # the native manager decides and keeps the steps, asking Orbax's policies through adapters
         self._native = NativeManager(
             directory, save_policy=sdp.NativeSaveDecision(
                 self._save_policy, multiprocessing_options=o.multiprocessing_options,
                 busy_check=o.enable_should_save_is_saving_in_progress_check,
                 reached_preemption=utils.reached_preemption),
-            preservation=pp.NativePreservation(self._preservation), retention="orbax", on_commit=callback,
+            preservation=self._native_preservation, retention="orbax", on_commit=callback,
             todelete_subdir=o.todelete_subdir, async_save=o.enable_async_checkpointing, step_name_format=fmt,
             storage_options=storage_options, cleanup=o.cleanup_tmp_directories, read_only=o.read_only,
             clock=pp.now)
@@ -231,6 +240,11 @@ class CheckpointManager:
             self._handler = CompositeCheckpointHandler(handler_registry=handler_registry)
         else:
             self._handler = CompositeCheckpointHandler(*(item_names or ()), **handlers)
+        # as Orbax: a local step becomes visible through its temporary path class's finalize
+        tmp_cls = o.temporary_path_class or atomicity.AtomicRenameTemporaryPath
+        self._finalize: Callable[[str, str], None] | None = None
+        if isinstance(tmp_cls, type) and issubclass(tmp_cls, atomicity.AtomicRenameTemporaryPath):
+            self._finalize = lambda tmp, final: tmp_cls(tmp, final).finalize()
         self._met_items: set[str] = set()  # items a save or restore of this manager handled
         self._root_metadata: RootMetadata | None = None
         if o.read_only and not any(True for _ in self._native.kv.list("metadata/")):
@@ -367,30 +381,46 @@ class CheckpointManager:
         if args is None:
             raise ValueError("Must provide `args` for `save`.")
         cargs = self._composite_args(args)
+        blocking_start = time.time()
+        stats = SaveStepStatistics(step=step, directory=str(self.directory),
+                                   checkpoint_manager_blocking_start_time=blocking_start)
         if not force and not self.should_save(step):
             return False
         if self._options.read_only:
             return False
+        if self.reached_preemption(step):
+            stats.reached_preemption = True
+            stats.preemption_received_at = time.time()
+        stats.wait_for_prev_start_time = time.time()
+        if self._last_save_time is not None:
+            stats.time_between_consecutive_saves_sec = stats.wait_for_prev_start_time - self._last_save_time
         self.wait_until_finished()
+        stats.wait_for_prev_duration_secs = time.time() - stats.wait_for_prev_start_time
+        if stats.wait_for_prev_duration_secs > WAIT_FOR_PREV_SAVE_WARNING_SECS:
+            _log.warning("Waiting for previous save to complete took %f seconds. If this number is high, consider "
+                         "checkpointing less frequently.", stats.wait_for_prev_duration_secs)
         if step in self.all_steps():
             raise StepAlreadyExistsError(f"Checkpoint for step {step} already exists.")
         natives, opts = self._handler.to_native_items(cargs)
         self._met_items.update(natives)
         write = metrics is not None and self._track_best and not self._options.prevent_write_metrics
-        started = time.time()
+        stats.checkpointer_blocking_start_time = time.time()
+        self._native_preservation.last_started = None
+        if self._finalize is not None:
+            opts["finalize"] = self._finalize
         self._native.save(step, natives, metrics=metrics, write_metrics=write, force=True,
                           custom_metadata=custom_metadata, save_options=opts)
-        self._log_entry({"step": step, "event_type": "save", "directory": str(self.directory),
-                         "synchronous": not self._options.enable_async_checkpointing,
-                         "reached_preemption": self.reached_preemption(step), "preemption_received_at": None,
-                         "checkpoint_manager_blocking_start_time": started,
-                         "checkpoint_manager_blocking_duration_secs": time.time() - started})
+        decided = self._native_preservation.last_started
+        stats.get_old_steps_start_time = decided if decided is not None else time.time()
+        stats.get_old_steps_duration_secs = self._native_preservation.last_duration if decided is not None else 0.0
+        # the native save asks the preservation policy itself: that time is get_old_steps', as Orbax splits them
+        stats.checkpointer_blocking_duration_secs = max(0.0, time.time() - stats.checkpointer_blocking_start_time
+                                                        - stats.get_old_steps_duration_secs)
+        self._last_save_time = time.time()
+        stats.synchronous = not self._options.enable_async_checkpointing
+        stats.checkpoint_manager_blocking_duration_secs = time.time() - blocking_start
+        self._logger.log_entry(dataclasses.asdict(stats))
         return True
-
-    def _log_entry(self, entry: dict[str, Any]) -> None:
-        """One entry to the ``logger`` (Orbax's step statistics, the fields ocdbt_py knows)."""
-        if self._logger is not None:
-            self._logger.log_entry(entry)
 
     def wait_until_finished(self) -> None:
         """Block until the last save is committed and its deletions done; raise its error."""
@@ -431,6 +461,7 @@ class CheckpointManager:
                 directory: Any = None, args: args_lib.CheckpointArgs | None = None) -> Any:
         """Restore ``step`` (``None``: the latest); a single item in default mode, else a
         ``Composite`` by item name."""
+        started = time.time()
         if step is None:
             if directory is None:
                 step = self.latest_step()
@@ -439,6 +470,8 @@ class CheckpointManager:
                 step = max(found) if found else None
             if step is None:
                 raise FileNotFoundError(f"No steps found in {directory or self.directory}.")
+        stats = RestoreStepStatistics(step=step, directory=str(directory or self.directory),
+                                      checkpoint_manager_start_time=started)
         location = self._step_location(step, directory)
         available = self._available(location, step)
         if self._default is None:
@@ -449,9 +482,12 @@ class CheckpointManager:
         cargs = None if args is None else self._composite_args(args)
         if cargs is None and self._default:
             cargs = args_lib.Composite(**{DEFAULT_ITEM_NAME: None})
+        stats.checkpointer_start_time = time.time()
         result = self._handler.restore_items(location, cargs, available)
+        stats.checkpointer_duration_secs = time.time() - stats.checkpointer_start_time
         self._met_items.update(result.keys())
-        self._log_entry({"step": step, "event_type": "restore", "directory": str(directory or self.directory)})
+        stats.checkpoint_manager_duration_secs = time.time() - started
+        self._logger.log_entry(dataclasses.asdict(stats))
         return result[DEFAULT_ITEM_NAME] if self._default else result
 
     def metadata(self, step: int | None = None) -> StepMetadata | RootMetadata:
@@ -468,13 +504,21 @@ class CheckpointManager:
         # as Orbax: an item whose handler this manager does not know yet (neither configured nor
         # met by a save or restore) has no item metadata
         meta.item_metadata = args_lib.Composite(**{
-            n: (v if self._knows_handler(n) else None) for n, v in meta.item_metadata.items()})
+            n: self._item_metadata(location, n, v) for n, v in meta.item_metadata.items()})
         if self._default:
             meta.item_metadata = meta.item_metadata[DEFAULT_ITEM_NAME]
         m = self.metrics(step)
         if m is not None:
             meta.metrics = m
         return meta
+
+    def _item_metadata(self, location: Any, name: str, stored: Any) -> Any:
+        """Item ``name``'s metadata as its handler gives it (``stored`` for a handler met
+        without an instance; ``None`` for an unknown one)."""
+        h = self._handler.handlers.get(name)
+        if h is not None:
+            return h.item_metadata(location, name)
+        return stored if self._knows_handler(name) else None
 
     def _knows_handler(self, name: str) -> bool:
         """Whether item ``name`` has a handler here: configured, registered or met by a save or restore."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -290,9 +291,18 @@ class NativePreservation:
 
     def __init__(self, policy: PreservationPolicy):
         self.policy = policy
+        self.last_started: float | None = None  # when the last decision began (epoch seconds)
+        self.last_duration = 0.0  # how long it took (seconds)
 
     def keep(self, steps: Sequence[native.StepInfo]) -> set[int]:
-        """The steps the Orbax policy flags."""
+        """The steps the Orbax policy flags (timed: :attr:`last_started`, :attr:`last_duration`)."""
+        started = time.time()
+        try:
+            return self._keep(steps)
+        finally:
+            self.last_started, self.last_duration = started, time.time() - started
+
+    def _keep(self, steps: Sequence[native.StepInfo]) -> set[int]:
         infos = [CheckpointInfo(s.step, _utc(s.time), dict(s.metrics) if s.metrics is not None else None)
                  for s in steps]
         flags = list(self.policy.should_preserve(infos, context=PreservationContext()))

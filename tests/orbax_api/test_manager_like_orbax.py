@@ -114,3 +114,64 @@ def test_target_empty_containers_kept(ocp: Any, tmp_path) -> None:
         got = m.restore(0, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(state))).state
     assert jax.tree.structure(got) == jax.tree.structure(state)
     assert type(got["opt"][1]) is type(state["opt"][1])
+
+
+def test_array_items_both_ways(ocp: Any, tmp_path) -> None:
+    """``ArraySave``/``ArrayRestore`` items; the other library restores them too."""
+    opts = ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
+    with ocp.CheckpointManager(tmp_path, item_names=("arr", "s"), options=opts) as m:
+        m.save(0, args=ocp.args.Composite(arr=ocp.args.ArraySave(np.arange(16)), s=ocp.args.ArraySave(3.5)))
+        got = m.restore(0, args=ocp.args.Composite(arr=ocp.args.ArrayRestore(), s=ocp.args.ArrayRestore()))
+        assert m.item_metadata(0).arr is None  # the array handler keeps no metadata of its own
+    np.testing.assert_array_equal(got.arr, np.arange(16))
+    assert got.s == 3.5
+    other = _orbax() if ocp is ocdbt_py.orbax else ocdbt_py.orbax
+    with other.CheckpointManager(tmp_path, item_names=("arr", "s")) as m:
+        again = m.restore(0, args=other.args.Composite(
+            arr=other.args.ArrayRestore(restore_args=other.RestoreArgs(dtype=np.float32)), s=other.args.ArrayRestore()))
+    assert again.arr.dtype == np.float32 and again.arr.tolist() == list(range(16)) and again.s == 3.5
+
+
+def test_step_statistics_logged(ocp: Any, tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    """Without a ``logger`` the manager logs each save's and restore's statistics at INFO."""
+    import ast
+    import logging
+
+    with caplog.at_level(logging.INFO), ocp.CheckpointManager(
+            tmp_path, options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False)) as m:
+        m.save(0, args=ocp.args.StandardSave({"x": np.zeros(2)}))
+        save_line = caplog.records[-1].getMessage()
+        m.restore(0)
+        restore_line = caplog.records[-1].getMessage()
+    saved = ast.literal_eval(save_line[save_line.find("{"):])
+    assert saved["step"] == 0 and saved["event_type"] == "save" and saved["synchronous"] is True
+    for key in ("wait_for_prev_start_time", "wait_for_prev_duration_secs", "checkpointer_blocking_start_time",
+                "checkpointer_blocking_duration_secs", "get_old_steps_start_time", "get_old_steps_duration_secs",
+                "checkpoint_manager_blocking_start_time", "checkpoint_manager_blocking_duration_secs"):
+        assert saved[key] is not None, key
+    restored = ast.literal_eval(restore_line[restore_line.find("{"):])
+    assert restored["event_type"] == "restore" and restored["directory"] == str(tmp_path)
+    for key in ("checkpointer_start_time", "checkpointer_duration_secs", "checkpoint_manager_start_time",
+                "checkpoint_manager_duration_secs"):
+        assert restored[key] is not None, key
+
+
+def test_step_left_unfinalized_when_finalize_does_not_run(ocp: Any, tmp_path) -> None:
+    """A local step becomes visible through ``AtomicRenameTemporaryPath.finalize``: without it
+    (a preemption) the step stays a temporary directory whose commit time is unset."""
+    opts = ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
+    with mock.patch.object(ocp.path.atomicity.AtomicRenameTemporaryPath, "finalize"):
+        with ocp.CheckpointManager(tmp_path, options=opts) as m:
+            m.save(0, args=ocp.args.StandardSave({"x": np.zeros(2)}))
+            assert m.all_steps() == [0]  # what it tracked; a reload finds nothing
+            m.reload()
+            assert m.all_steps() == []
+    names = [p.name for p in tmp_path.iterdir() if p.name.startswith("0")]
+    assert len(names) == 1 and names[0].startswith("0.orbax-checkpoint-tmp")
+    doc = json.loads((tmp_path / names[0] / "_CHECKPOINT_METADATA").read_text())
+    assert doc["init_timestamp_nsecs"] > 0 and doc.get("commit_timestamp_nsecs") is None
+    with ocp.CheckpointManager(tmp_path, options=opts) as m:  # finalize runs: committed, stamped
+        m.save(0, args=ocp.args.StandardSave({"x": np.zeros(2)}))
+    step = ocp.path.step.standard_name_format().find_step(tmp_path, 0)
+    assert step.commit_timestamp_nsecs > 0
+    assert (tmp_path / "0" / "commit_success.txt").exists()

@@ -61,7 +61,7 @@ _ids_lock = threading.Lock()
 SAVE_OPTIONS = frozenset({
     "use_zarr3", "use_ocdbt", "use_compression", "checksum", "chunk_byte_size", "leaf_chunk_byte_sizes",
     "ocdbt_target_data_file_size", "handler", "item_options", "pytree_custom_metadata",
-    "keep_copy_buffer", "replica_parallel", "workers", "sync", "barrier_timeout",
+    "keep_copy_buffer", "replica_parallel", "workers", "sync", "barrier_timeout", "finalize",
 })
 
 

@@ -47,7 +47,7 @@ from ocdbt_py.checkpoint.saving.params import (
     flatten,
 )
 from ocdbt_py.checkpoint.saving.process_writer import ChunkJob, ProcessWriter, background_workers, default_workers
-from ocdbt_py.errors import UnsupportedError
+from ocdbt_py.errors import StorageError, UnsupportedError
 from ocdbt_py.kvstore.base import KvStore
 from ocdbt_py.kvstore.prefixed import PrefixStore
 
@@ -81,7 +81,8 @@ def _writes_local_files(path: Any) -> bool:
     return isinstance(text, str) and ("://" not in text or text.startswith("file://"))
 
 
-_HANDLERS = {"standard": layout_writer.STANDARD_HANDLER, "pytree": layout_writer.PYTREE_HANDLER}
+_HANDLERS = {"standard": layout_writer.STANDARD_HANDLER, "pytree": layout_writer.PYTREE_HANDLER,
+             "array": layout_writer.ARRAY_HANDLER}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,6 +355,7 @@ def save(
     workers: int | None = None,
     sync: bool = True,
     barrier_timeout: float = 600.0,
+    finalize: Callable[[str, str], None] | None = None,
     _coordinator: Coordinator | None = None,
 ) -> SaveHandle:
     """Save ``tree`` as an Orbax checkpoint at ``path`` (local path, fsspec URL or KvStore).
@@ -386,12 +388,13 @@ def save(
       nowhere to put a checksum: ``ValueError``.
     * ``custom_metadata``: JSON stored in ``_CHECKPOINT_METADATA``;
       ``pytree_custom_metadata``: JSON stored in ``_METADATA`` (``PyTreeSave(custom_metadata=)``).
-    * ``handler``: ``"standard"`` or ``"pytree"`` (handler name recorded for the item; default:
-      standard unless the tree holds strings); a dict gives it per item of a composite save.
+    * ``handler``: ``"standard"``, ``"pytree"`` or ``"array"`` (handler name recorded for the item;
+      default: standard unless the tree holds strings); a dict gives it per item of a composite save.
     * ``item_options``: per item of a composite save, overrides of ``use_zarr3``,
       ``use_ocdbt``, ``use_compression``, ``checksum``, ``chunk_byte_size``,
       ``ocdbt_target_data_file_size`` and ``pytree_custom_metadata`` (Orbax gives each item its
       own handler and ``PyTreeSave`` options, e.g. ``{"ema": {"use_ocdbt": False}}``).
+    * ``finalize(tmp_dir, final_dir)``: commits a local save instead of the built-in rename (:func:`commit_items`).
     * ``blocking=False``: return once host copies are made (``copy`` defaults to ``True`` then,
       so the caller may modify or donate its arrays); ``handle.wait()`` re-raises any error.
       A later save waits for the previous one.  ``keep_copy_buffer``: keep the copies' buffer
@@ -421,7 +424,7 @@ def save(
     init_ns = time.time_ns()
 
     def work() -> None:
-        _run(dest, plans, coord, opts, composite, force, custom_metadata, init_ns)
+        _run(dest, plans, coord, opts, composite, force, custom_metadata, init_ns, finalize)
         if arena is not None and keep_copy_buffer:
             plans.clear()  # nothing references the copies any more
             keep_arena(arena)
@@ -506,7 +509,7 @@ def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: SaveOption
     ``per_item`` gives some items their own options and custom metadata."""
     for h in handler.values() if isinstance(handler, Mapping) else [handler]:
         if h is not None and h not in _HANDLERS:
-            raise ValueError(f"handler must be 'standard' or 'pytree', not {h!r}")
+            raise ValueError(f"handler must be 'standard', 'pytree' or 'array', not {h!r}")
     if composite:
         if not isinstance(tree, Mapping) or not tree:
             raise TypeError("composite=True needs a non-empty dict of item name -> tree or JsonItem")
@@ -533,7 +536,8 @@ def _make_plans(tree: Any, composite: bool, coord: Coordinator, opts: SaveOption
 
 
 def _run(dest: Destination, plans: Mapping[str, Plan], coord: Coordinator, opts: SaveOptions,
-         composite: bool, force: bool, custom_metadata: Mapping[str, Any] | None, init_ns: int) -> None:
+         composite: bool, force: bool, custom_metadata: Mapping[str, Any] | None, init_ns: int,
+         finalize: Callable[[str, str], None] | None = None) -> None:
     err: BaseException | None = None
     if coord.is_primary:
         try:
@@ -563,7 +567,7 @@ def _run(dest: Destination, plans: Mapping[str, Plan], coord: Coordinator, opts:
     if coord.is_primary:
         try:
             commit_items(dest, root, plans, coord, opts, composite, custom_metadata, init_ns, own,
-                         before_commit=syncing.join if syncing is not None else None)
+                         before_commit=syncing.join if syncing is not None else None, finalize=finalize)
         except BaseException as e:  # noqa: BLE001
             err = e
         finally:
@@ -584,9 +588,12 @@ def _item_directory(item_kv: KvStore) -> str:
 def commit_items(dest: Destination, root: KvStore, plans: Mapping[str, Plan], coord: Coordinator,
             opts: SaveOptions, composite: bool, custom_metadata: Mapping[str, Any] | None, init_ns: int,
             own: Mapping[str, dict[bytes, Any] | None], *,
-            before_commit: Callable[[], None] | None = None) -> None:
+            before_commit: Callable[[], None] | None = None,
+            finalize: Callable[[str, str], None] | None = None) -> None:
     """Step 4 (primary): merged roots, metadata documents, commit markers, then the commit
-    (``before_commit``, if given, is called just before it: the end of a background sync)."""
+    (``before_commit``, if given, is called just before it: the end of a background sync).
+    ``finalize(tmp_dir, final_dir)``, for a destination committed by a rename, does the commit
+    instead: the commit time, the root's ``commit_success.txt`` and the rename are its job."""
     handlers: dict[str, str] = {}
     for name, plan in plans.items():
         item_kv = PrefixStore(root, name) if name else root
@@ -602,9 +609,20 @@ def commit_items(dest: Destination, root: KvStore, plans: Mapping[str, Plan], co
             item_kv.set(layout_writer.COMMIT_MARKER,
                         layout_writer.commit_marker(f"{dest.write_display.rstrip('/')}/{name}"))
     item_handlers: str | dict[str, str] = handlers if composite else handlers[""]
+    external = finalize is not None and dest.renames
     root.set(layout_writer.CHECKPOINT_METADATA, layout_writer.checkpoint_metadata(
-        item_handlers, init_ns=init_ns, commit_ns=time.time_ns(), custom_metadata=custom_metadata))
-    root.set(layout_writer.COMMIT_MARKER, layout_writer.commit_marker(dest.display))
+        item_handlers, init_ns=init_ns, commit_ns=None if external else time.time_ns(),
+        custom_metadata=custom_metadata))
+    if not external:
+        root.set(layout_writer.COMMIT_MARKER, layout_writer.commit_marker(dest.display))
     if before_commit is not None:
         before_commit()
+    if external:
+        assert finalize is not None and dest.tmp_dir is not None and dest.final_dir is not None
+        if opts.sync:
+            dest.sync()
+        if not dest.tmp_exists():
+            raise StorageError(f"cannot commit {dest.tmp_dir} to {dest.final_dir}: it is gone")
+        finalize(dest.tmp_dir, dest.final_dir)
+        return
     dest.commit(sync=opts.sync)

@@ -21,6 +21,7 @@ __all__ = [
     "orbax_config",
     "PYTREE_HANDLER",
     "STANDARD_HANDLER",
+    "ARRAY_HANDLER",
     "JSON_HANDLER",
     "TREE_METADATA",
     "SHARDING",
@@ -41,6 +42,7 @@ __all__ = [
 
 PYTREE_HANDLER = "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
 STANDARD_HANDLER = "orbax.checkpoint._src.handlers.standard_checkpoint_handler.StandardCheckpointHandler"
+ARRAY_HANDLER = "orbax.checkpoint._src.handlers.array_checkpoint_handler.ArrayCheckpointHandler"
 JSON_HANDLER = "orbax.checkpoint._src.handlers.json_checkpoint_handler.JsonCheckpointHandler"
 
 TREE_METADATA = "_METADATA"

@@ -14,12 +14,14 @@ commit the same two ways by themselves (``spec/orbax.md``).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import shutil
+import time
 from typing import Any
 
-from ocdbt_py.checkpoint.layout import COMMIT_MARKER
+from ocdbt_py.checkpoint.layout import COMMIT_MARKER, STEP_METADATA
 from ocdbt_py.checkpoint.saving.atomic import TMP_SUFFIX
 from ocdbt_py.checkpoint.saving.layout_writer import commit_marker
 
@@ -38,6 +40,19 @@ def _fsync_dir(path: pathlib.Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _stamp_commit(path: pathlib.Path) -> None:
+    """As Orbax's ``finalize``: ``commit_timestamp_nsecs`` of the ``_CHECKPOINT_METADATA`` in
+    ``path`` (when there is one) set to now."""
+    f = path / STEP_METADATA
+    try:
+        doc = json.loads(f.read_bytes())
+    except (OSError, ValueError):
+        return
+    if isinstance(doc, dict):
+        doc["commit_timestamp_nsecs"] = time.time_ns()
+        f.write_text(json.dumps(doc), encoding="utf-8")
 
 
 class TemporaryPath:
@@ -96,7 +111,10 @@ class AtomicRenameTemporaryPath(TemporaryPath):
 
     def finalize(self) -> None:
         """Rename the temporary directory to the final one (durably).  A checkpoint already
-        there (a save with ``force``) is moved aside first and removed after the rename."""
+        there (a save with ``force``) is moved aside first and removed after the rename.  As
+        Orbax's: the commit time is stamped and ``commit_success.txt`` written first."""
+        _stamp_commit(self._tmp)
+        (self._tmp / COMMIT_SUCCESS_FILE).write_bytes(commit_marker(str(self._final)))
         _fsync_dir(self._tmp)
         old = None
         if os.path.lexists(self._final):
@@ -119,7 +137,8 @@ class CommitFileTemporaryPath(TemporaryPath):
         return cls(final_path, final_path)
 
     def finalize(self) -> None:
-        """Write ``commit_success.txt`` (last)."""
+        """Stamp the commit time, then write ``commit_success.txt`` (last)."""
+        _stamp_commit(self._final)
         (self._final / COMMIT_SUCCESS_FILE).write_bytes(commit_marker(str(self._final)))
         _fsync_dir(self._final)
 

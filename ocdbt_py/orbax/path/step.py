@@ -18,9 +18,10 @@ from collections.abc import Iterator
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from ocdbt_py.checkpoint.layout import COMMIT_MARKER
+from ocdbt_py.checkpoint.layout import step_metadata as read_step_doc
 from ocdbt_py.checkpoint.manager.naming import StepNameFormat
 from ocdbt_py.checkpoint.meta import list_steps
-from ocdbt_py.errors import NotFoundError, UnsupportedError
+from ocdbt_py.errors import NotFoundError, OcdbtError, UnsupportedError
 from ocdbt_py.kvstore import open_kvstore
 
 __all__ = ["TMP_DIR_SUFFIX", "Metadata", "NameFormat", "standard_name_format", "build_step_path",
@@ -50,11 +51,35 @@ class Metadata:
     step: int
     path: Any
 
+    def _stamp(self, field: str) -> int | None:
+        """A timestamp of the step's ``_CHECKPOINT_METADATA`` (``None`` without one)."""
+        try:
+            doc = read_step_doc(open_kvstore(os.fspath(self.path), read_only=True))
+        except (OcdbtError, OSError):
+            return None
+        value = doc.get(field) if isinstance(doc, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def init_timestamp_nsecs(self) -> int | None:
+        """When the step's save began (nanoseconds since the epoch), from ``_CHECKPOINT_METADATA``."""
+        return self._stamp("init_timestamp_nsecs")
+
+    @property
+    def commit_timestamp_nsecs(self) -> int | None:
+        """When the step was committed (nanoseconds since the epoch), from ``_CHECKPOINT_METADATA``."""
+        return self._stamp("commit_timestamp_nsecs")
+
     @property
     def commit_timestamp(self) -> datetime.datetime:
-        """When the step was committed (the directory's modification time), in UTC."""
+        """When the step was committed, in UTC: the recorded commit time, else the
+        directory's modification time."""
+        ns = self.commit_timestamp_nsecs
         p = self.path
-        seconds = p.stat().st_mtime if isinstance(p, pathlib.Path) else datetime.datetime.now().timestamp()
+        if ns is not None:
+            seconds = ns / 1e9
+        else:
+            seconds = p.stat().st_mtime if isinstance(p, pathlib.Path) else datetime.datetime.now().timestamp()
         return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
 
 
