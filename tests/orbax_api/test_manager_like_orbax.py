@@ -160,12 +160,12 @@ def test_step_left_unfinalized_when_finalize_does_not_run(ocp: Any, tmp_path) ->
     """A local step becomes visible through ``AtomicRenameTemporaryPath.finalize``: without it
     (a preemption) the step stays a temporary directory whose commit time is unset."""
     opts = ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
-    with mock.patch.object(ocp.path.atomicity.AtomicRenameTemporaryPath, "finalize"):
-        with ocp.CheckpointManager(tmp_path, options=opts) as m:
-            m.save(0, args=ocp.args.StandardSave({"x": np.zeros(2)}))
-            assert m.all_steps() == [0]  # what it tracked; a reload finds nothing
-            m.reload()
-            assert m.all_steps() == []
+    with mock.patch.object(ocp.path.atomicity.AtomicRenameTemporaryPath, "finalize"), \
+            ocp.CheckpointManager(tmp_path, options=opts) as m:
+        m.save(0, args=ocp.args.StandardSave({"x": np.zeros(2)}))
+        assert m.all_steps() == [0]  # what it tracked; a reload finds nothing
+        m.reload()
+        assert m.all_steps() == []
     names = [p.name for p in tmp_path.iterdir() if p.name.startswith("0")]
     assert len(names) == 1 and names[0].startswith("0.orbax-checkpoint-tmp")
     doc = json.loads((tmp_path / names[0] / "_CHECKPOINT_METADATA").read_text())
