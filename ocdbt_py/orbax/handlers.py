@@ -444,8 +444,8 @@ def _standard_restore_args(item: Any) -> Any:
     for _, x in flat:
         sharding = getattr(x, "sharding", None) if jax is not None and isinstance(
             x, (jax.Array, jax.ShapeDtypeStruct)) else None
-        out.append(ArrayRestoreArgs(sharding=sharding, global_shape=tuple(x.shape), dtype=x.dtype, strict=False)
-                   if sharding is not None else None)
+        out.append(type_handlers.ArrayRestoreArgs(sharding=sharding, global_shape=tuple(x.shape), dtype=x.dtype,
+                                                  strict=False) if sharding is not None else None)
     return rebuild(out)
 
 
