@@ -32,7 +32,7 @@ from ocdbt_py.orbax import preservation as pp
 from ocdbt_py.orbax import save_decision as sdp
 from ocdbt_py.orbax import utils
 from ocdbt_py.orbax._foreign import refuse_orbax_object
-from ocdbt_py.orbax.checkpointers import Checkpointer
+from ocdbt_py.orbax.checkpointers import AsyncCheckpointer, Checkpointer
 from ocdbt_py.orbax.handlers import CheckpointHandler, CompositeCheckpointHandler
 from ocdbt_py.orbax.logging import StandardLogger
 from ocdbt_py.orbax.metadata import (
@@ -158,6 +158,16 @@ def _create_root(directory: str | os.PathLike[str], o: CheckpointManagerOptions)
         local.mkdir(parents=True, exist_ok=True, **({"mode": mode} if mode is not None else {}))
 
 
+def _saves_async(o: CheckpointManagerOptions, checkpointers: Any) -> bool:
+    """Whether saves run in the background: ``enable_async_checkpointing``, and in the legacy
+    ``checkpointers`` form only when one of them is an ``AsyncCheckpointer`` (as Orbax: a
+    manager of ``PyTreeCheckpointer``s saves blocking)."""
+    if checkpointers is None:
+        return bool(o.enable_async_checkpointing)
+    given = checkpointers.values() if isinstance(checkpointers, Mapping) else [checkpointers]
+    return bool(o.enable_async_checkpointing) and any(isinstance(c, AsyncCheckpointer) for c in given)
+
+
 class CheckpointManager:
     """Orbax's ``CheckpointManager(directory, item_names=..., item_handlers=..., options=...)``.
 
@@ -196,7 +206,7 @@ class CheckpointManager:
                 busy_check=o.enable_should_save_is_saving_in_progress_check,
                 reached_preemption=utils.reached_preemption),
             preservation=self._native_preservation, retention="orbax", on_commit=callback,
-            todelete_subdir=o.todelete_subdir, async_save=o.enable_async_checkpointing, step_name_format=fmt,
+            todelete_subdir=o.todelete_subdir, async_save=_saves_async(o, checkpointers), step_name_format=fmt,
             storage_options=storage_options, cleanup=o.cleanup_tmp_directories, read_only=o.read_only,
             clock=pp.now)
         self._default: bool | None = None

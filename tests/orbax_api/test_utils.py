@@ -38,13 +38,41 @@ def test_checkpoints_iterator_sees_new_steps(tmp_path) -> None:
 
     t = threading.Thread(target=later)
     t.start()
-    seen = list(ocp.checkpoint_utils.checkpoints_iterator(root, seconds_to_sleep=0.1, timeout=3))
+    seen = []
+    # the steps are named ckpt_<n>: as in Orbax, the iterator needs their format to snapshot them
+    for step in ocp.checkpoint_utils.checkpoints_iterator(root, seconds_to_sleep=0.1, timeout=3, step_prefix="ckpt"):
+        assert (root / "_SNAPSHOTS" / f"ckpt_{step}" / "_CHECKPOINT_METADATA").is_file()  # held while in use
+        seen.append(step)
     t.join()
     assert seen == [0, 3]
-    with ocp.checkpoint_utils.wait_for_new_checkpoint(root, until_step=3, seconds_to_sleep=0.1, timeout=2) as step:
+    assert not any((root / "_SNAPSHOTS").iterdir())  # released
+    with ocp.checkpoint_utils.wait_for_new_checkpoint(root, until_step=3, seconds_to_sleep=0.1, timeout=2,
+                                                      step_prefix="ckpt") as step:
         assert step == 3
+        snap = ocp.checkpoint_utils.get_snapshot_dir_from_step_dir(root / "ckpt_3")
+        assert snap == root / "_SNAPSHOTS" / "ckpt_3" and snap.is_dir()
+        # the snapshot restores as the step does, also once the step itself is gone
+        assert ocp.StandardCheckpointer().restore(snap / "default")["x"].tolist() == [3, 3]
+    assert not snap.exists()
     with ocp.checkpoint_utils.wait_for_new_checkpoint(root, until_step=9, seconds_to_sleep=0.1, timeout=0.3) as step:
         assert step == -1
+    with ocp.checkpoint_utils.wait_for_new_checkpoint(tmp_path / "missing", seconds_to_sleep=0.1, timeout=0.3) as step:
+        assert step == -1  # a root that does not exist yet is waited for
+
+
+def test_checkpoints_iterator_timeout_fn_as_orbax(tmp_path) -> None:
+    """After the timeout, ``timeout_fn`` is asked each ``seconds_to_sleep`` until it says to
+    stop, then once more by the iterator (Orbax's count: 5 calls for 'stop after 3')."""
+    calls = [0]
+
+    def timeout_fn() -> bool:
+        calls[0] += 1
+        return calls[0] > 3
+
+    (tmp_path / "r").mkdir()
+    assert list(ocp.checkpoint_utils.checkpoints_iterator(tmp_path / "r", timeout=0.2, seconds_to_sleep=0.1,
+                                                          timeout_fn=timeout_fn)) == []
+    assert calls[0] == 5
 
 
 def test_tree_helpers() -> None:
