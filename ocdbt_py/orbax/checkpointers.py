@@ -21,6 +21,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ocdbt_py.checkpoint.layout import STEP_METADATA
+from ocdbt_py.checkpoint.layout import step_metadata as read_step_doc
 from ocdbt_py.checkpoint.restore.api import resolve
 from ocdbt_py.checkpoint.saving import async_save
 from ocdbt_py.checkpoint.saving.atomic import CheckpointExistsError, open_destination
@@ -39,6 +40,7 @@ from ocdbt_py.orbax.handlers import (
 from ocdbt_py.orbax.metadata import StepMetadata, step_metadata
 from ocdbt_py.orbax.options import AsyncOptions
 from ocdbt_py.orbax.path import atomicity
+from ocdbt_py.orbax.step_statistics import from_stored
 from ocdbt_py.orbax.utils import is_primary_host
 
 __all__ = ["DestinationExistsError", "IncompleteCheckpointError", "wait_for_futures", "AbstractCheckpointer",
@@ -348,8 +350,24 @@ class Checkpointer(AbstractCheckpointer):
         return self._handler.restore_from(directory, a)
 
     def metadata(self, directory: Location) -> StepMetadata:
-        """``_CHECKPOINT_METADATA`` and the item's tree metadata (no array data read)."""
-        return step_metadata(directory, composite=isinstance(self._handler, CompositeCheckpointHandler))
+        """``_CHECKPOINT_METADATA`` and the item's metadata (no array data read): the tree
+        metadata of a built-in handler's item; a custom handler's own ``metadata(directory)``
+        (``None`` when it has none or it fails with ``FileNotFoundError``,
+        ``NotImplementedError``, ``ValueError`` or ``TypeError``, as Orbax)."""
+        h = self._handler
+        if not h._custom():
+            return step_metadata(directory, composite=isinstance(h, CompositeCheckpointHandler))
+        doc = read_step_doc(resolve(directory).kv) or {}
+        try:
+            item = h.item_metadata(directory, None)
+        except (FileNotFoundError, NotImplementedError, ValueError, TypeError):
+            item = None
+        return StepMetadata(item_handlers=doc.get("item_handlers"), item_metadata=item,
+                            metrics=doc.get("metrics") or {},
+                            performance_metrics=from_stored(doc.get("performance_metrics")),
+                            init_timestamp_nsecs=doc.get("init_timestamp_nsecs"),
+                            commit_timestamp_nsecs=doc.get("commit_timestamp_nsecs"),
+                            custom_metadata=doc.get("custom_metadata") or {})
 
     def wait_until_finished(self) -> None:
         """Block until a background save is committed; raise its error."""

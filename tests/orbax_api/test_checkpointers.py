@@ -211,3 +211,31 @@ def test_step_statistics_compare_with_orbax_records() -> None:
     assert ours.SaveStepStatistics(step=3) != theirs.SaveStepStatistics()
     assert ours.RestoreStepStatistics() != theirs.SaveStepStatistics()
     assert ours.SaveStepStatistics(step=1) == ours.SaveStepStatistics(step=1)
+
+
+def test_custom_handler_metadata_is_its_own(ocp: Any, tmp_path) -> None:
+    handler_cls, save_cls, restore_cls = wrapping(ocp)
+
+    class WithMetadata(ocp.CheckpointHandler):  # type: ignore[name-defined,misc]
+        def save(self, directory: Any, args: Any) -> None:
+            (directory / "n.json").write_text(json.dumps(args.n))
+
+        def restore(self, directory: Any, args: Any = None) -> Any:
+            return json.loads((directory / "n.json").read_text())
+
+        def metadata(self, directory: Any) -> Any:
+            return tuple(sorted(p.name for p in directory.iterdir()))
+
+    @ocp.args.register_with_handler(WithMetadata, for_save=True, for_restore=True)
+    @dataclasses.dataclass
+    class N(ocp.args.CheckpointArgs):  # type: ignore[name-defined,misc]
+        n: int = 0
+
+    for handler, a, expected in ((handler_cls(), save_cls(TREE), None),
+                                 (WithMetadata(), N(3), ("_CHECKPOINT_METADATA", "commit_success.txt", "n.json"))):
+        with ocp.Checkpointer(handler) as ckptr:
+            path = tmp_path / type(handler).__name__
+            ckptr.save(path, args=a, custom_metadata={"u": 1})
+            meta = ckptr.metadata(path)
+        assert meta.item_metadata == expected  # without its own metadata(): None, as Orbax
+        assert meta.custom_metadata == {"u": 1} and meta.item_handlers == handler.typestr()
