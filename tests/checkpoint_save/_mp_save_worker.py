@@ -4,7 +4,8 @@ Usage: python _mp_save_worker.py OUT_DIR NUM_PROCESSES PROCESS_ID PORT DEVICES_P
 Every process builds the same global arrays (values from ``global_values()``) over all
 devices and calls ``save`` five times: Zarr v2 (sync), Zarr v3 (async, composite with a
 JSON item), Zarr v2 with small chunks, and the per-parameter layout (``use_ocdbt=False``,
-Zarr v2 and v3).  Process 0 commits; all print a JSON result line.
+Zarr v2 and v3); then ``ocdbt_py.orbax``'s ``Checkpointer`` and ``AsyncCheckpointer`` save it
+too.  Process 0 commits; all print a JSON result line.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _mp_values import SPECS, global_values  # noqa: E402
 
+import ocdbt_py.orbax as ocp  # noqa: E402
 from ocdbt_py.checkpoint import JsonItem, save  # noqa: E402
 
 
@@ -60,6 +62,15 @@ def main() -> dict:
     save(out / "chunked", tree, chunk_byte_size=256, ocdbt_target_data_file_size=2048)
     save(out / "perparam", tree, use_ocdbt=False)
     save(out / "perparam3", tree, use_ocdbt=False, use_zarr3=True, chunk_byte_size=256)
+    # ocdbt_py.orbax's checkpointers: the primary creates and finalizes the temporary path, and
+    # every process returns only once the checkpoint is there
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
+        ckptr.save(out / "ocp_sync", args=ocp.args.PyTreeSave(tree))
+        sync_seen = (out / "ocp_sync").is_dir()
+    with ocp.AsyncCheckpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
+        ckptr.save(out / "ocp_async", args=ocp.args.PyTreeSave(tree))
+        ckptr.wait_until_finished()
+        async_seen = (out / "ocp_async").is_dir()
     mine = sorted(p.name for p in (out / "zarr2").iterdir())
     # a failure on one process (the destination exists) fails the save everywhere, promptly
     t0 = time.monotonic()
@@ -69,7 +80,7 @@ def main() -> dict:
     except Exception as e:  # noqa: BLE001 - reported to the test
         error = type(e).__name__
     return {"process": PID, "ok": True, "listing": mine, "exists_error": error,
-            "error_seconds": time.monotonic() - t0}
+            "error_seconds": time.monotonic() - t0, "checkpointers_seen": [sync_seen, async_seen]}
 
 
 if __name__ == "__main__":

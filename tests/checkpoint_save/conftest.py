@@ -197,7 +197,8 @@ def mp_report(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], tuple
             results = run_mp_save(out, n, 8 // n)
             job = {"name": f"mp{n}", "kind": "mp_restore", "root": str(out), "processes": n, "manager": True,
                    "paths": [["zarr2", False], ["chunked", False], ["steps/1/state", True],
-                                                   ["perparam", False, False], ["perparam3", True, False]]}
+                                                   ["perparam", False, False], ["perparam3", True, False],
+                                                   ["ocp_sync", False], ["ocp_async", False]]}
             report = run_worker([job], out)
             report["processes"] = {"errors": [], "info": {"results": results}}
             cache[n] = (Report(report, {}), out)

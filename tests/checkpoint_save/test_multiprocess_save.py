@@ -28,6 +28,12 @@ def test_multiprocess_save_restored_by_orbax(mp_report: Callable[[int], tuple[Re
     results = report.info("processes")["results"]
     assert [r["exists_error"] for r in results] == ["CheckpointExistsError"] + ["PeerFailedError"] * (processes - 1)
     assert max(r["error_seconds"] for r in results) < 60
+    # ocdbt_py.orbax's checkpointers: every process returned with the checkpoint in place
+    assert [r["checkpointers_seen"] for r in results] == [[True, True]] * processes
+    for sub in ("ocp_sync", "ocp_async"):
+        assert sorted(p.name for p in (out / sub).glob("ocdbt.process_*")) == [f"ocdbt.process_{i}" for i in
+                                                                              range(processes)]
+        assert (out / sub / "commit_success.txt").exists() and (out / sub / "_CHECKPOINT_METADATA").exists()
 
 
 @pytest.mark.parametrize("processes", [2, 4])
