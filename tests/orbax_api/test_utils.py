@@ -40,7 +40,7 @@ def test_checkpoints_iterator_sees_new_steps(tmp_path) -> None:
     t.start()
     seen = []
     # the steps are named ckpt_<n>: as in Orbax, the iterator needs their format to snapshot them
-    for step in ocp.checkpoint_utils.checkpoints_iterator(root, seconds_to_sleep=0.1, timeout=3, step_prefix="ckpt"):
+    for step in ocp.checkpoint_utils.checkpoints_iterator(root, seconds_to_sleep=0.1, timeout=2, step_prefix="ckpt"):
         assert (root / "_SNAPSHOTS" / f"ckpt_{step}" / "_CHECKPOINT_METADATA").is_file()  # held while in use
         seen.append(step)
     t.join()
