@@ -239,3 +239,22 @@ def test_custom_handler_metadata_is_its_own(ocp: Any, tmp_path) -> None:
             meta = ckptr.metadata(path)
         assert meta.item_metadata == expected  # without its own metadata(): None, as Orbax
         assert meta.custom_metadata == {"u": 1} and meta.item_handlers == handler.typestr()
+
+
+def test_a_save_nested_in_another_save_runs_inside_it(tmp_path) -> None:
+    """The native rule behind the nested custom items above: a save started inside another
+    save's work neither waits for it nor outlives it, even when asked not to block."""
+    from ocdbt_py.checkpoint import save
+    from ocdbt_py.checkpoint.saving import async_save
+
+    inner: list[Any] = []
+
+    def work() -> None:
+        inner.append(save(tmp_path / "inner", TREE, blocking=False))
+        assert inner[0].done()  # ran to its end inside the outer save's work
+
+    outer = async_save.start(str(tmp_path / "outer"), work, blocking=False, started=time.perf_counter())
+    outer.wait(timeout=60)
+    assert inner and inner[0].done() and inner[0].exception() is None
+    save(tmp_path / "after", TREE)  # the outer save, not the nested one, was the previous save
+    _same(TREE, ocdbt_py.checkpoint.restore(tmp_path / "inner"))

@@ -5,7 +5,8 @@ the merge and the commit to a (non-daemon) thread and returns a handle.  Saves r
 time per process: a new save first waits for the previous one and re-raises its error if
 nobody collected it with :meth:`SaveHandle.wait`.  A save started from inside another save's
 work (a custom handler whose ``save`` saves a built-in item into the step's directory) is part
-of that save: it neither waits for it nor takes its place as the previous save.
+of that save: it neither waits for it nor takes its place as the previous save, and it runs to
+its end before returning, so the outer save ends after it.
 
 :class:`Background` is the one way saving runs work on a thread of its own (the save of a
 non-blocking call, the fsync of the data files while the primary builds the merged root, a
@@ -135,7 +136,7 @@ def start(path: str, work: Callable[[], None], *, blocking: bool, started: float
     handle.blocking_seconds = time.perf_counter() - started
     nested = _current() is not None
     work = _run_inside(handle, work)
-    if blocking:
+    if blocking or nested:  # a nested save runs within the outer one's work, which ends after it
         if not nested:
             with _lock:
                 _last = handle
@@ -149,9 +150,8 @@ def start(path: str, work: Callable[[], None], *, blocking: bool, started: float
         handle.blocking_seconds = handle.total_seconds or 0.0
         return handle
 
-    if not nested:
-        with _lock:
-            _last = handle
+    with _lock:
+        _last = handle
     bg = Background(work, name=f"ocdbt-save:{path}", daemon=False, then=lambda e: handle._finish(e, started))
     handle._thread = bg.thread
     return handle
