@@ -64,6 +64,21 @@ def _call(args: list[str], env: dict[str, str]) -> dict[str, Any]:
 
 
 # -- workers -----------------------------------------------------------------------------------
+def _cpu() -> float:
+    """CPU seconds (user + system, all threads) this process has used."""
+    t = os.times()
+    return t.user + t.system
+
+
+def _server_cpu(pid: int) -> float:
+    """CPU seconds the server process has used (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def run_ours(url: str, backend: str) -> dict[str, Any]:
     import numpy  # noqa: F401  (imports outside the timing, as for TensorStore)
 
@@ -73,10 +88,11 @@ def run_ours(url: str, backend: str) -> dict[str, Any]:
     from ocdbt_py.kvstore import open_kvstore
 
     kv = open_kvstore(url)
+    c0 = _cpu()
     t0 = time.perf_counter()
     out = checkpoint.restore(url)
     dt = time.perf_counter() - t0
-    return {"seconds": dt, "bytes": sum(v.nbytes for v in out.values()), "arrays": len(out),
+    return {"seconds": dt, "cpu_s": _cpu() - c0, "bytes": sum(v.nbytes for v in out.values()), "arrays": len(out),
             "store": type(kv).__name__, "backend": backend}
 
 
@@ -97,13 +113,14 @@ def run_ts(case: str, endpoint: str, names_file: str) -> dict[str, Any]:
           "experimental_read_coalescing_threshold_bytes": 1000000,
           "experimental_read_coalescing_merged_bytes": 500000000000,
           "experimental_read_coalescing_interval": "1ms"}
+    c0 = _cpu()
     t0 = time.perf_counter()
     opens = [ts.open({"driver": "zarr", "kvstore": dict(kv, path=f"{n}/"), "recheck_cached_data": False,
                       "recheck_cached_metadata": False}, context=ctx, open=True) for n in names]
     arrays = [f.result() for f in opens]
     out = [r.result() for r in [a.read() for a in arrays]]
     dt = time.perf_counter() - t0
-    return {"seconds": dt, "bytes": sum(int(a.nbytes) for a in out), "arrays": len(out)}
+    return {"seconds": dt, "cpu_s": _cpu() - c0, "bytes": sum(int(a.nbytes) for a in out), "arrays": len(out)}
 
 
 def run_floor(url: str, files_json: str) -> dict[str, Any]:
@@ -122,9 +139,11 @@ def run_floor(url: str, files_json: str) -> dict[str, Any]:
         got = await asyncio.gather(*(obstore.get_range_async(kv.store, k, start=a, end=b) for k, a, b in ranges))
         return sum(len(g) for g in got)
 
+    c0 = _cpu()
     t0 = time.perf_counter()
     nbytes = asyncio.run(main())
-    return {"seconds": time.perf_counter() - t0, "bytes": nbytes, "requests": sum(-(-n // step) for _, n in files)}
+    return {"seconds": time.perf_counter() - t0, "cpu_s": _cpu() - c0, "bytes": nbytes,
+            "requests": sum(-(-n // step) for _, n in files)}
 
 
 def worker(argv: list[str]) -> None:
@@ -205,9 +224,12 @@ def bench_s3(root: Path, cases: list[str], repeat: int) -> list[dict[str, Any]]:
                 for side in order:
                     argv = {"ours": ["ours", url, "obstore"], "ts": ["ts", case, srv.endpoint, str(names_file)],
                             "floor": ["floor", url, files], "fsspec": ["ours", url, "fsspec"]}[side]
+                    s0 = _server_cpu(srv.proc.proc.pid)
                     res = _call(argv, dict(env, OCDBT_PY_BACKEND="fsspec") if side == "fsspec" else env)
+                    res["server_cpu_s"] = _server_cpu(srv.proc.proc.pid) - s0
                     runs[side].append(res)
-                    print(f"[s3 {case}] {side}: {res['seconds']:.3f} s, peak RSS {res['peak_rss_mib']:.0f} MiB "
+                    print(f"[s3 {case}] {side}: {res['seconds']:.3f} s, CPU {res['cpu_s']:.2f} s (server "
+                          f"{res['server_cpu_s']:.2f} s), peak RSS {res['peak_rss_mib']:.0f} MiB "
                           f"{res.get('store', '')}", file=sys.stderr)
             assert all(r["store"] == "ObstoreStore" for r in runs["ours"]), runs["ours"]
             assert all(r["store"] == "S3Store" for r in runs["fsspec"]), runs["fsspec"]
@@ -218,6 +240,10 @@ def bench_s3(root: Path, cases: list[str], repeat: int) -> list[dict[str, Any]]:
                          "median_pair_ratio": statistics.median(pairs),
                          "fsspec_s": _best(runs["fsspec"]), "bytes": runs["ours"][0]["bytes"],
                          "ours_rss_mib": max(r["peak_rss_mib"] for r in runs["ours"]),
+                         "ours_cpu_s": min(r["cpu_s"] for r in runs["ours"]),
+                         "peer_cpu_s": min(r["cpu_s"] for r in runs["ts"]),
+                         "floor_cpu_s": min(r["cpu_s"] for r in runs["floor"]),
+                         "server_cpu_s": {k: min(r["server_cpu_s"] for r in v) for k, v in runs.items()},
                          "peer_rss_mib": max(r["peak_rss_mib"] for r in runs["ts"])})
     finally:
         srv.stop()
@@ -289,6 +315,11 @@ def main() -> None:
         rss = f"{r['ours_rss_mib']:.0f} / {r['peer_rss_mib']:.0f} MiB" if "peer_rss_mib" in r else "—"
         print(f"| {r['service']} | {r['case']} | {r['ours_s']:.3f} s | {r['peer']} | {r['peer_s']:.3f} s "
               f"| {r['ratio']:.2f}x | {r['floor_s']:.3f} s | {r['ours_s'] / r['floor_s']:.2f}x | {fs} | {rss} |")
+    for r in rows:
+        if "peer_cpu_s" in r:
+            print(f"{r['service']} {r['case']}: client CPU ours {r['ours_cpu_s']:.2f} s, TensorStore "
+                  f"{r['peer_cpu_s']:.2f} s, floor {r['floor_cpu_s']:.2f} s; server CPU (least) "
+                  + ", ".join(f"{k} {v:.2f} s" for k, v in r["server_cpu_s"].items()))
     print(f"load average at the end: {os.getloadavg()[0]:.2f}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
