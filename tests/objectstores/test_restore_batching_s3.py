@@ -72,7 +72,7 @@ def test_read_parts_semantics(bucket: servers.S3Server, monkeypatch: pytest.Monk
     monkeypatch.setenv("OCDBT_PY_BACKEND", "obstore")
     store = _store(bucket, f"rp{next(_n)}")
     assert store.supports_read_parts
-    monkeypatch.setattr(store, "part_bytes", 1000)
+    monkeypatch.setattr(store, "request_bytes", 1000)
     store.set("blob", BLOB)
     parts = store.read_parts("blob", 500, 3700)
     assert [o for o, _ in parts] == [500, 1500, 2500, 3500]
@@ -82,17 +82,26 @@ def test_read_parts_semantics(bucket: servers.S3Server, monkeypatch: pytest.Monk
     assert [f.result(timeout=60) for _, f in store.read_parts("absent", 0, 10)] == [None]
     with pytest.raises(ValueError):
         store.read_parts("blob", 10, 5)
+    # requests of 1000 bytes handed over in pieces of 300 as they stream in
+    monkeypatch.setattr(store, "piece_bytes", 300)
+    parts = store.read_parts("blob", 500, 3700)
+    assert [o for o, _ in parts] == [500, 800, 1100, 1400, 1500, 1800, 2100, 2400, 2500, 2800, 3100, 3400, 3500]
+    assert b"".join(_joined(f.result(timeout=60)) for _, f in parts) == BLOB[500:3700]
+    tail = store.read_parts("blob", len(BLOB) - 1500, len(BLOB) + 1000)
+    assert b"".join(_joined(f.result(timeout=60)) for _, f in tail) == BLOB[-1500:]
+    assert [len(_joined(f.result(timeout=60))) for _, f in tail][-4:] == [0, 0, 0, 0]
 
 
 def test_large_chunks_stream_from_s3(bucket: servers.S3Server, monkeypatch: pytest.MonkeyPatch,
                                      tmp_path: Path) -> None:
-    """Through obstore every chunk of 1.5 MiB is decoded from its parts (256 KiB each) as they
-    arrive, and the restore equals the saved tree."""
+    """Through obstore every chunk of 1.5 MiB is decoded from its pieces (200 KiB each, from
+    requests of 512 KiB) as they arrive, and the restore equals the saved tree."""
     from ocdbt_py.kvstore.obstore_store import ObstoreStore
     from zarr3.codecs.chain import CodecChain
 
     monkeypatch.setenv("OCDBT_PY_BACKEND", "obstore")
-    monkeypatch.setattr(ObstoreStore, "part_bytes", 256 << 10)
+    monkeypatch.setattr(ObstoreStore, "request_bytes", 512 << 10)
+    monkeypatch.setattr(ObstoreStore, "piece_bytes", 200 << 10)
     rng = np.random.default_rng(8)
     tree = {f"w{i}": rng.standard_normal(3 << 18).astype(np.float32) for i in range(2)}
     checkpoint.save(tmp_path / "ck", tree, chunk_byte_size=3 << 19)
