@@ -53,8 +53,10 @@ from ocdbt_py.orbax._convert import (
 )
 from ocdbt_py.orbax._foreign import refuse_orbax_object
 from ocdbt_py.orbax._saved_shardings import saved_sharding_target, settled_target
+from ocdbt_py.orbax.checkpoint_utils import construct_restore_args
 from ocdbt_py.orbax.metadata import StepMetadata
-from ocdbt_py.orbax.metadata_tree import read_tree_metadata
+from ocdbt_py.orbax.metadata_tree import TreeMetadata, read_tree_metadata
+from ocdbt_py.orbax.metadata_value import Metadata
 from ocdbt_py.orbax.path import atomicity
 from ocdbt_py.orbax.registry import (
     CheckpointHandlerRegistry,
@@ -298,6 +300,12 @@ class PyTreeCheckpointHandler(CheckpointHandler):
         if isinstance(args, args_lib.PyTreeRestore) and args.restore_args is None and _all_restore_args(args.item):
             # PyTreeRestore(tree of RestoreArgs) positionally: Orbax takes it as the restore arguments
             args = dataclasses.replace(args, item=None, restore_args=args.item)
+        if isinstance(args, args_lib.PyTreeRestore) and args.item is not None and _has_metadata(args.item):
+            # the checkpoint's own metadata as the target (Orbax's documented use): restored as
+            # construct_restore_args of it says (arrays saved from JAX onto their saved shardings)
+            tree = args.item.tree if isinstance(args.item, TreeMetadata) else args.item
+            ra = args.restore_args if args.restore_args is not None else construct_restore_args(tree)
+            args = dataclasses.replace(args, item=None, restore_args=ra.tree if isinstance(ra, TreeMetadata) else ra)
         reshapes: dict[tuple[str, ...], Any] = {}  # strict=False leaves restored at another shape
         cache: dict[str, Any] = {}
 
@@ -352,6 +360,14 @@ def _place(value: Any, a: Any) -> Any:
             sharding = jax.sharding.NamedSharding(a.mesh, a.mesh_axes)
         return jax.device_put(value, sharding) if sharding is not None else jax.numpy.asarray(value)
     return value
+
+
+def _has_metadata(tree: Any) -> bool:
+    """Whether ``tree`` is a ``TreeMetadata`` or holds ``ocp.metadata.value`` leaves."""
+    if isinstance(tree, TreeMetadata):
+        return True
+    flat, _ = flatten_with_names(tree, is_leaf=lambda x: isinstance(x, Metadata))
+    return any(isinstance(v, Metadata) for _, v in flat)
 
 
 def _all_restore_args(tree: Any) -> bool:

@@ -159,3 +159,11 @@ def test_same_as_orbax_with_jax(tmp_path) -> None:
     assert isinstance(ra["j"], ocp.ArrayRestoreArgs) and ra["j"].global_shape == (2, 4)
     restored = ocp.PyTreeCheckpointer().restore(tmp_path / "ck", args=ocp.args.PyTreeRestore(restore_args=ra.tree))
     assert restored["j"].sharding == x.sharding
+    # the metadata itself as the restore item (Orbax's documented use), as Orbax restores it
+    for item in (ours, ours.tree):
+        got = ocp.PyTreeCheckpointer().restore(tmp_path / "ck", args=ocp.args.PyTreeRestore(item=item))
+        want = orbax.PyTreeCheckpointer().restore(tmp_path / "ck", args=orbax.args.PyTreeRestore(item=theirs))
+        assert type(got) is type(want) is dict and set(got) == set(want)
+        for k in want:
+            assert type(got[k]).__name__ == type(want[k]).__name__, k
+        assert got["j"].sharding == want["j"].sharding == x.sharding and got["s"] == "hello"
