@@ -80,9 +80,12 @@ def sharding_from_description(desc: Any) -> Any:
     return None
 
 
-def saved_sharding_target(location: str | os.PathLike[str] | KvStore, item: str | None) -> Any:
+def saved_sharding_target(location: str | os.PathLike[str] | KvStore, item: str | None, *,
+                          fallback: Any = None) -> Any:
     """The restore target giving saved ``jax.Array`` leaves their saved shardings, or
-    ``None`` (restore as stored) when JAX is not loaded or no leaf qualifies."""
+    ``None`` (restore as stored) when JAX is not loaded or no leaf qualifies.  A leaf whose
+    saved devices do not exist here takes ``fallback`` (``StandardRestore(fallback_sharding=)``),
+    else it is a :class:`TopologyMismatchError`."""
     if "jax" not in sys.modules:
         return None
     import jax  # loaded already (checked above)
@@ -95,8 +98,11 @@ def saved_sharding_target(location: str | os.PathLike[str] | KvStore, item: str 
         target = None
         if isinstance(leaf, LeafMetadata) and leaf.value_type == "jax.Array" and leaf.shape is not None:
             if _devices_missing(leaf.sharding):
-                raise TopologyMismatchError(_TOPOLOGY.format(what="/".join(names)))
-            sharding = sharding_from_description(leaf.sharding)
+                if fallback is None:
+                    raise TopologyMismatchError(_TOPOLOGY.format(what="/".join(names)))
+                sharding = fallback
+            else:
+                sharding = sharding_from_description(leaf.sharding)
             if sharding is not None:
                 target = jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=sharding)
                 found = True
@@ -115,11 +121,12 @@ _MISMATCH = "User-provided restore item and on-disk value metadata tree structur
 
 
 def settled_target(location: str | os.PathLike[str] | KvStore, item: str | None, target: Any, *,
-                   partial: bool = False, present: Any = None) -> Any:
+                   partial: bool = False, present: Any = None, fallback: Any = None) -> Any:
     """``target`` checked against the stored tree, its sharding-less ``jax.ShapeDtypeStruct``
     leaves given the saved shardings (or ``None``, restore as stored, for leaves saved from
     NumPy).  ``present(leaf)`` says which other target leaves stand for a stored leaf without
-    being restored (Orbax's ``PLACEHOLDER``)."""
+    being restored (Orbax's ``PLACEHOLDER``).  ``fallback``: the sharding of leaves whose
+    saved devices do not exist here (else :class:`TopologyMismatchError`)."""
     stored = _stored_leaves(location, item)
     flat, rebuild = flatten_with_names(target, is_leaf=present)
     names = {n for n, leaf in flat if present is None or not present(leaf)}
@@ -151,13 +158,13 @@ def settled_target(location: str | os.PathLike[str] | KvStore, item: str | None,
     changed = False
     for n, leaf in flat:
         if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None and n in stored:
-            leaf = _with_saved_sharding(leaf, stored[n], n)
+            leaf = _with_saved_sharding(leaf, stored[n], n, fallback)
             changed = True
         values.append(leaf)
     return rebuild(values) if changed else target
 
 
-def _with_saved_sharding(leaf: Any, meta: Any, names: tuple[str, ...]) -> Any:
+def _with_saved_sharding(leaf: Any, meta: Any, names: tuple[str, ...], fallback: Any = None) -> Any:
     """A sharding-less abstract leaf as Orbax restores it: on the saved sharding, or as stored."""
     import jax  # only called when JAX is loaded
 
@@ -165,7 +172,9 @@ def _with_saved_sharding(leaf: Any, meta: Any, names: tuple[str, ...]) -> Any:
         # saved from NumPy (or no sharding recorded): restored as NumPy, as Orbax does
         return np.broadcast_to(np.zeros((), dtype=np.dtype(leaf.dtype)), tuple(leaf.shape))
     if _devices_missing(meta.sharding):
-        raise TopologyMismatchError(_TOPOLOGY.format(what="/".join(names)))
+        if fallback is None:
+            raise TopologyMismatchError(_TOPOLOGY.format(what="/".join(names)))
+        return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=fallback)
     sharding = sharding_from_description(meta.sharding)
     if sharding is None:
         return np.broadcast_to(np.zeros((), dtype=np.dtype(leaf.dtype)), tuple(leaf.shape))

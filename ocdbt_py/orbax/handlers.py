@@ -294,9 +294,10 @@ class PyTreeCheckpointHandler(CheckpointHandler):
 
     def restore_from(self, location: Location, args: args_lib.CheckpointArgs | None, item: str | None = None) -> Any:
         """Restore with ``args.item`` / ``args.restore_args`` as the target."""
+        fallback = args.fallback_sharding if isinstance(args, args_lib.StandardRestore) else None
         if args is None or (getattr(args, "item", None) is None and getattr(args, "restore_args", None) is None):
             # as Orbax: arrays saved from JAX come back on their saved shardings (JAX loaded)
-            return restore(location, saved_sharding_target(location, item), item=item)
+            return restore(location, saved_sharding_target(location, item, fallback=fallback), item=item)
         if isinstance(args, args_lib.PyTreeRestore) and args.restore_args is None and _all_restore_args(args.item):
             # PyTreeRestore(tree of RestoreArgs) positionally: Orbax takes it as the restore arguments
             args = dataclasses.replace(args, item=None, restore_args=args.item)
@@ -338,7 +339,8 @@ class PyTreeCheckpointHandler(CheckpointHandler):
         target = _as_placeholders(target, nones)
         if target is not None:  # as Orbax: the tree checked, abstract leaves without sharding on the saved ones
             partial = bool(getattr(args, "partial_restore", False))
-            target = settled_target(location, item, target, partial=partial, present=lambda x: x is PLACEHOLDER)
+            target = settled_target(location, item, target, partial=partial, present=lambda x: x is PLACEHOLDER,
+                                    fallback=fallback)
         target, holes = strip_placeholders(target)
         if isinstance(target, dict) and not target and holes:
             restored: Any = {}  # every leaf a placeholder: nothing to read

@@ -83,6 +83,11 @@ def test_topology_mismatch_wording(tmp_path, monkeypatch) -> None:
     arr = jax.device_put(np.zeros(2), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x")))
     h = ours.StandardCheckpointHandler()
     h.save(tmp_path / "c", args=ours.args.StandardSave({"a": arr}))
+    fallback = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     monkeypatch.setattr(jax, "devices", lambda *a: [])
     with pytest.raises(ValueError, match="Topology mismatch detected"):
         h.restore(tmp_path / "c")
+    # StandardRestore(fallback_sharding=...): the leaves whose saved devices are missing go there
+    for item in (None, {"a": jax.ShapeDtypeStruct((2,), arr.dtype)}):
+        got = h.restore(tmp_path / "c", args=ours.args.StandardRestore(item, fallback_sharding=fallback))
+        assert got["a"].sharding == fallback and got["a"].tolist() == [0.0, 0.0]
