@@ -93,9 +93,13 @@ def _tree(n: int, seed: int) -> dict[str, Any]:
                        for i in range(n)}, "step": np.int64(9), "note": "x"}
 
 
-@pytest.mark.parametrize("backend", ["obstore", "fsspec"])
-@pytest.mark.parametrize("use_zarr3", [False, True])
-@pytest.mark.parametrize("file_size,budget", [(None, 1 << 30), (None, 100_000), (200_000, 300_000)])
+_CASES = [(z, f, b) for z in (False, True) for f, b in ((None, 1 << 30), (None, 100_000), (200_000, 300_000))]
+
+
+# the fsspec route (joins across ranges) on two of the cases, to keep `make test` short
+@pytest.mark.parametrize("backend,use_zarr3,file_size,budget",
+                         [("obstore", *c) for c in _CASES] + [("fsspec", False, None, 100_000),
+                                                               ("fsspec", True, 200_000, 300_000)])
 def test_saved_checkpoint_with_and_without_prefetch(s3: servers.S3Server, monkeypatch: pytest.MonkeyPatch,
                                                     use_zarr3: bool, file_size: int | None, budget: int,
                                                     backend: str) -> None:
