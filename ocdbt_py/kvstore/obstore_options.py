@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import threading
 import urllib.parse
 import urllib.request
 from typing import Any
@@ -234,7 +235,41 @@ def _profile_credentials(env: Any) -> bool:
     return any(os.path.isfile(f) for f in files)
 
 
+#: boto3 credential providers by what they were made from (see :func:`_boto3_provider`)
+_providers: dict[tuple[Any, ...], Any] = {}
+_providers_lock = threading.Lock()
+
+
+def _profile_key(profile: str | None) -> tuple[Any, ...]:
+    """What a profile's credentials depend on: its name, the ``AWS_*`` environment and the
+    shared files' identity and modification times (an edited file makes a new provider)."""
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    files = []
+    for f in (os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.expanduser("~/.aws/credentials"),
+              os.environ.get("AWS_CONFIG_FILE") or os.path.expanduser("~/.aws/config")):
+        try:
+            st = os.stat(f)
+            files.append((f, st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            files.append((f, None))
+    return (profile, env, tuple(files))
+
+
 def _boto3_provider(profile: str | None) -> Any:
+    """A credential provider over a boto3 session of ``profile``: one per process for the
+    same profile, environment and shared files (a boto3 session takes 10-25 ms to make, on
+    every store opened; the provider refreshes what it hands out itself)."""
+    key = _profile_key(profile)
+    with _providers_lock:
+        got = _providers.get(key)
+    if got is None:
+        got = _new_boto3_provider(profile)
+        with _providers_lock:
+            got = _providers.setdefault(key, got)
+    return got
+
+
+def _new_boto3_provider(profile: str | None) -> Any:
     try:
         # optional: boto3 resolves profiles (SSO, assume-role, credential_process)
         import boto3

@@ -76,6 +76,20 @@ def test_aws_profile_variable_alone(profile_env: servers.S3Server, monkeypatch: 
     assert store.get("k") == b"v"
 
 
+def test_profile_provider_is_shared_until_the_files_change(profile_env: servers.S3Server, tmp_path: Path) -> None:
+    """Stores opened with the same profile share one boto3 session provider (making one costs
+    10-25 ms); an edited credentials file gives a new one with the new keys."""
+    opts = {"profile": "train", "endpoint_url": profile_env.endpoint}
+    a = open_kvstore(f"s3://{BUCKET}/s{next(_n)}", opts)
+    b = open_kvstore(f"s3://{BUCKET}/s{next(_n)}", opts)
+    assert isinstance(a, ObstoreStore) and isinstance(b, ObstoreStore)
+    assert a.store.credential_provider is b.store.credential_provider
+    creds = tmp_path / "credentials"
+    creds.write_text(creds.read_text().replace(servers.S3_SECRET, "rotated-secret"))
+    c = open_kvstore(f"s3://{BUCKET}/s{next(_n)}", opts)
+    assert _provider_keys(c) == (servers.S3_KEY, "rotated-secret")
+
+
 def test_unknown_profile_is_a_clear_error(profile_env: servers.S3Server) -> None:
     with pytest.raises(StorageError, match="nope"):
         open_kvstore(f"s3://{BUCKET}/x", {"profile": "nope", "endpoint_url": profile_env.endpoint})
