@@ -244,7 +244,7 @@ def _profile_key(profile: str | None) -> tuple[Any, ...]:
     """What a profile's credentials depend on: its name, the ``AWS_*`` environment and the
     shared files' identity and modification times (an edited file makes a new provider)."""
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
-    files = []
+    files: list[tuple[Any, ...]] = []
     for f in (os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.expanduser("~/.aws/credentials"),
               os.environ.get("AWS_CONFIG_FILE") or os.path.expanduser("~/.aws/config")):
         try:
