@@ -27,7 +27,7 @@ values go to the decode workers as :class:`PartView` objects when the request st
 large chunk whose codecs allow it (zstd or none, see
 :meth:`~zarr3.codecs.chain.CodecChain.streams_into`) is decoded straight into the output part
 by part, each part freed once decoded: a 60 MiB chunk's decode then overlaps its own transfer
-instead of starting after it (256 MiB in 4 chunks from moto: 0.89 s -> about 0.5 s).  Stores
+instead of starting after it (256 MiB in 4 chunks from moto: 0.89-0.96 s -> 0.57 s).  Stores
 with :meth:`~ocdbt_py.kvstore.object_store.ObjectStore.read_into` (the fsspec route for S3,
 GCS, Azure) read each range straight into a buffer taken from a small reuse pool; any other
 store gets ``get_many`` calls on I/O threads.  Memory held for fetched bytes never exceeds the
