@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import types
 from typing import Any
 
 import _dropin
@@ -33,6 +34,7 @@ def pytest_configure(config: Any) -> None:
     if os.environ.get("OCDBT_SUITE_MODE") == "dropin":
         _dropin.install()
         _watch_orbax()
+        _watch_patches()
 
 
 # Orbax's own save/restore machinery: a drop-in test that runs it (e.g. through
@@ -88,6 +90,38 @@ def _watch_orbax() -> None:
             setattr(cls, meth, wrap(fn, label))
 
 
+_PATCHED: set[str] = set()
+
+
+def _watch_patches() -> None:
+    """Record every ``unittest.mock`` patch whose target lives in Orbax's ``_src`` internals: a
+    test that steers behaviour through one (``gcs_utils.is_gcs_path``, a private callback of
+    Orbax's manager, ``atomicity._create_tmp_directory``) tests Orbax's internals, which
+    ``ocdbt_py.orbax`` neither calls nor can be asked to."""
+    import functools
+    from unittest import mock
+
+    enter = mock._patch.__enter__  # type: ignore[attr-defined]
+
+    @functools.wraps(enter)
+    def watched(self: Any) -> Any:
+        try:
+            target = self.getter()
+        except Exception:  # the patch itself reports a bad target
+            return enter(self)
+        if isinstance(target, types.ModuleType):
+            where = target.__name__
+        else:
+            where = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__name__)}"
+        if where.startswith(_dropin.PREFIX + "._src."):  # the drop-in's stand-in for an Orbax _src module
+            where = "orbax.checkpoint" + where[len(_dropin.PREFIX):]
+        if where.startswith("orbax.checkpoint._src.") and not where.startswith("orbax.checkpoint._src.testing."):
+            _PATCHED.add(f"{where}.{self.attribute}")
+        return enter(self)
+
+    mock._patch.__enter__ = watched  # type: ignore[attr-defined]
+
+
 def _is_coroutine(fn: Any) -> bool:
     import inspect
 
@@ -111,6 +145,7 @@ def pytest_runtest_setup(item: Any) -> None:
     """Start recording the internals this test takes."""
     _dropin.INTERNALS_USED.clear()
     _ORBAX_RAN.clear()
+    _PATCHED.clear()
 
 
 def pytest_runtest_logreport(report: Any) -> None:
@@ -135,6 +170,7 @@ def pytest_runtest_logreport(report: Any) -> None:
     if report.when == "teardown":
         rec["uses"] = sorted(_dropin.INTERNALS_USED)
         rec["orbax_ran"] = sorted(_ORBAX_RAN)
+        rec["patched"] = sorted(_PATCHED)
 
 
 def pytest_collectreport(report: Any) -> None:

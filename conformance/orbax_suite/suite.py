@@ -14,8 +14,11 @@ pytest, in subprocesses (JAX on 8 CPU devices):
 A test is *counted* when it passes on the baseline and, on the drop-in, does not (a) run
 Orbax's own handlers, checkpointers or managers (e.g. through ``test_utils``' subclasses of
 them), (b) hand ``ocdbt_py.orbax`` an object of Orbax's own internals
-(``ForeignOrbaxObjectError``), or (c) fail reaching into a private (``_``) attribute of
-``ocdbt_py.orbax``'s objects.  Those are out of the count, listed with the internal they need.
+(``ForeignOrbaxObjectError``), (c) fail reaching into a private (``_``) attribute of
+``ocdbt_py.orbax``'s objects, or (d) steer the code under test by patching (``unittest.mock``)
+a function or class of Orbax's ``_src`` internals, which ``ocdbt_py.orbax`` never calls (e.g.
+``gcs_utils.is_gcs_path`` to send a local directory down the GCS path); (a) and (d) take a
+test out whether it passes or fails.  Those are out of the count, listed with the internal they need.
 A public Orbax name ``ocdbt_py.orbax`` lacks is a failure (a gap), not an internal.
 
     python conformance/orbax_suite/suite.py [--files NAME ...] [--fast] [--json OUT] [--markdown]
@@ -199,6 +202,8 @@ def count(baseline: dict[str, Any], dropin: dict[str, Any]) -> dict[str, Any]:
         r = dropin["tests"].get(n)
         if r is not None and r.get("orbax_ran"):
             out[n] = f"runs Orbax's own {r['orbax_ran'][0].rsplit('.', 1)[0]}"
+        elif r is not None and r.get("patched"):
+            out[n] = f"patches Orbax's internal {', '.join(r['patched'])}"
         elif r is None:
             err = dropin["collect_errors"][0]["error"] if dropin["collect_errors"] else "not run"
             failing[n] = "not collected: " + err.strip().splitlines()[-1][:300] if err.strip() else "not collected"
