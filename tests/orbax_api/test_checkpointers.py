@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import json
+import threading
 import time
 from typing import Any, NamedTuple
 from unittest import mock
@@ -37,9 +38,10 @@ def wrapping(ocp: Any) -> tuple[Any, Any, Any]:
         return _classes[ocp.__name__]
 
     class WrappingHandler(ocp.AsyncCheckpointHandler):  # type: ignore[name-defined,misc]
-        def __init__(self, sleep: float = 0.3):
+        def __init__(self, sleep: float = 0.3, gate: threading.Event | None = None):
             self.inner = ocp.PyTreeCheckpointHandler()
             self.sleep = sleep
+            self.gate = gate  # when given, the extra future ends only once the test opens it
             self.finalized: list[Any] = []
 
         def save(self, directory: Any, args: Any) -> None:
@@ -47,7 +49,8 @@ def wrapping(ocp: Any) -> tuple[Any, Any, Any]:
 
         async def async_save(self, directory: Any, args: Any) -> list[Any]:
             futures = await self.inner.async_save(directory, args=args)
-            return [*futures, _pool.submit(time.sleep, self.sleep)]
+            extra = _pool.submit(self.gate.wait, 60) if self.gate else _pool.submit(time.sleep, self.sleep)
+            return [*futures, extra]
 
         def restore(self, directory: Any, args: Any = None) -> Any:
             return self.inner.restore(directory, args=args)
@@ -83,12 +86,16 @@ def _same(a: Any, b: Any) -> None:
 @pytest.mark.parametrize("kind", ["Checkpointer", "AsyncCheckpointer"])
 def test_custom_handler_saving_a_builtin_item_finishes(ocp: Any, tmp_path, kind: str) -> None:
     handler_cls, _, _ = wrapping(ocp)
-    handler = handler_cls()
+    gate = threading.Event()
+    handler = handler_cls(gate=gate)
+    if kind == "Checkpointer":
+        gate.set()  # a blocking save waits for every future
     with getattr(ocp, kind)(handler) as ckptr:
         ckptr.save(tmp_path / "ckpt", TREE)  # legacy form: the registered WrapSave
         if kind == "AsyncCheckpointer":
-            assert not (tmp_path / "ckpt").exists()
+            assert not (tmp_path / "ckpt").exists()  # the handler's future is still open
             assert (tmp_path / ("ckpt" + TMP)).is_dir()
+            gate.set()
             ckptr.wait_until_finished()
         _same(TREE, ckptr.restore(tmp_path / "ckpt"))
     assert handler.finalized and TMP in str(handler.finalized[0])
@@ -111,13 +118,17 @@ def test_builtin_async_save_returns_futures(ocp: Any, tmp_path) -> None:
 @pytest.mark.timeout(120)
 def test_timeout_secs_bounds_the_background_wait(ocp: Any, tmp_path) -> None:
     handler_cls, save_cls, _ = wrapping(ocp)
-    ckptr = ocp.AsyncCheckpointer(handler_cls(sleep=4), timeout_secs=1)
+    gate = threading.Event()  # opened only after the timeout: the future would take 60 s
+    ckptr = ocp.AsyncCheckpointer(handler_cls(gate=gate), timeout_secs=1)
     start = time.time()
     ckptr.save(tmp_path / "ckpt", args=save_cls(TREE))
-    with pytest.raises(TimeoutError, match=r"ChainedFuture completed \d+/\d+ futures but timed out after"):
-        ckptr.wait_until_finished()
-    assert time.time() - start < 3.5
-    assert not (tmp_path / "ckpt").exists()  # never finalized
+    try:
+        with pytest.raises(TimeoutError, match=r"ChainedFuture completed \d+/\d+ futures but timed out after"):
+            ckptr.wait_until_finished()
+        assert time.time() - start < 30  # the 1 s timeout, not the 60 s future
+        assert not (tmp_path / "ckpt").exists()  # never finalized
+    finally:
+        gate.set()
     with pytest.raises(ValueError, match="must be positive"):
         ocp.AsyncCheckpointer(handler_cls(), timeout_secs=-1)
 
