@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import types
 from typing import Any
 
@@ -94,17 +95,27 @@ _PATCHED: set[str] = set()
 
 
 def _watch_patches() -> None:
-    """Record every ``unittest.mock`` patch whose target lives in Orbax's ``_src`` internals: a
-    test that steers behaviour through one (``gcs_utils.is_gcs_path``, a private callback of
-    Orbax's manager, ``atomicity._create_tmp_directory``) tests Orbax's internals, which
-    ``ocdbt_py.orbax`` neither calls nor can be asked to."""
+    """Record every ``unittest.mock`` patch a test makes whose target lives in Orbax's ``_src``
+    internals (patches made by ``setUp`` or Orbax's test harness aside: they are the tests'
+    environment, such as multihost barrier keys).  A test that steers behaviour through one
+    (``gcs_utils.is_gcs_path``, a private callback of Orbax's manager,
+    ``atomicity._create_tmp_directory``) tests Orbax's internals, which ``ocdbt_py.orbax``
+    neither calls nor can be asked to."""
     import functools
     from unittest import mock
 
+    init = mock._patch.__init__  # type: ignore[attr-defined]
     enter = mock._patch.__enter__  # type: ignore[attr-defined]
+
+    @functools.wraps(init)
+    def made(self: Any, *a: Any, **k: Any) -> None:
+        init(self, *a, **k)
+        self._ocdbt_environment = _made_by_environment(sys._getframe(1))
 
     @functools.wraps(enter)
     def watched(self: Any) -> Any:
+        if getattr(self, "_ocdbt_environment", False):  # the tests' environment, not a steer
+            return enter(self)
         try:
             target = self.getter()
         except Exception:  # the patch itself reports a bad target
@@ -119,7 +130,24 @@ def _watch_patches() -> None:
             _PATCHED.add(f"{where}.{self.attribute}")
         return enter(self)
 
+    mock._patch.__init__ = made  # type: ignore[attr-defined]
     mock._patch.__enter__ = watched  # type: ignore[attr-defined]
+
+
+_HARNESS = ("orbax.checkpoint.test_utils", "orbax.checkpoint._src.testing.")
+
+
+def _made_by_environment(frame: Any) -> bool:
+    """Whether the code that made a patch (the first frame outside ``unittest.mock``, from
+    ``frame`` up) is a test class's ``setUp`` or Orbax's test harness
+    (``test_utils.barrier_compatible_test`` patches multihost barrier keys around every test
+    of a class)."""
+    while frame is not None and frame.f_globals.get("__name__") == "unittest.mock":
+        frame = frame.f_back
+    if frame is None:
+        return False
+    return (frame.f_code.co_name in ("setUp", "setUpClass", "asyncSetUp")
+            or str(frame.f_globals.get("__name__", "")).startswith(_HARNESS))
 
 
 def _is_coroutine(fn: Any) -> bool:

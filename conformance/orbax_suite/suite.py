@@ -15,8 +15,8 @@ A test is *counted* when it passes on the baseline and, on the drop-in, does not
 Orbax's own handlers, checkpointers or managers (e.g. through ``test_utils``' subclasses of
 them), (b) hand ``ocdbt_py.orbax`` an object of Orbax's own internals
 (``ForeignOrbaxObjectError``), (c) fail reaching into a private (``_``) attribute of
-``ocdbt_py.orbax``'s objects, or (d) steer the code under test by patching (``unittest.mock``)
-a function or class of Orbax's ``_src`` internals, which ``ocdbt_py.orbax`` never calls (e.g.
+``ocdbt_py.orbax``'s objects, or (d) steer the code under test by patching (``unittest.mock``,
+outside ``setUp``) a function or class of Orbax's ``_src`` internals, which ``ocdbt_py.orbax`` never calls (e.g.
 ``gcs_utils.is_gcs_path`` to send a local directory down the GCS path); (a) and (d) take a
 test out whether it passes or fails.  Those are out of the count, listed with the internal they need.
 A public Orbax name ``ocdbt_py.orbax`` lacks is a failure (a gap), not an internal.

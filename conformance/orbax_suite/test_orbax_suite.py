@@ -29,7 +29,8 @@ NAMES = list(suite.FILES.values()) if FULL else suite.FAST
 # the share of the counted baseline each file must pass on the drop-in (the measured counts are
 # in conformance/README.md; these floors keep them from sliding back).
 FLOOR = {"checkpoint_manager_options_test.py": 1.0, "composite_test.py": 1.0, "preservation_policy_test.py": 1.0,
-         "json_checkpoint_handler_test.py": 1.0, "checkpointer_test.py": 0.95, "async_checkpointer_test.py": 0.84,
+         "json_checkpoint_handler_test.py": 1.0, "checkpointer_test.py": 0.95, "async_checkpointer_test.py": 0.95,
+         "checkpoint_manager_test.py": 0.95,
          "checkpoint_utils_test.py": 0.94, "composite_checkpoint_handler_test.py": 0.86,
          "standard_checkpoint_handler_test.py": 0.95}
 
