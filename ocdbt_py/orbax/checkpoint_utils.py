@@ -22,7 +22,7 @@ from ocdbt_py.errors import NotFoundError
 from ocdbt_py.kvstore import open_kvstore
 from ocdbt_py.orbax.metadata_tree import TreeMetadata
 from ocdbt_py.orbax.metadata_value import ArrayMetadata, Metadata, ScalarMetadata, StringMetadata
-from ocdbt_py.orbax.path.step import standard_name_format
+from ocdbt_py.orbax.path.step import _join, _path, standard_name_format
 from ocdbt_py.orbax.type_handlers import PLACEHOLDER, ArrayRestoreArgs, RestoreArgs
 from ocdbt_py.orbax.utils import is_primary_host
 
@@ -110,17 +110,6 @@ def _steps(checkpoint_dir: Any) -> list[int]:
         return [s.step for s in list_steps(checkpoint_dir)]
     except NotFoundError:
         return []
-
-
-def _path(p: Any) -> Any:
-    """A ``pathlib.Path`` for local directories, the URL string otherwise."""
-    text = os.fspath(p)
-    return text if "://" in text and not text.startswith("file://") else pathlib.Path(text.removeprefix("file://"))
-
-
-def _join(base: Any, name: str) -> Any:
-    b = _path(base)
-    return b / name if isinstance(b, pathlib.Path) else f"{b.rstrip('/')}/{name}"
 
 
 def _name_format(step_prefix: str | None, step_format_fixed_length: int | None, step_name_format: Any) -> Any:

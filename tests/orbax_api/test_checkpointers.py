@@ -94,7 +94,12 @@ def test_custom_handler_saving_a_builtin_item_finishes(ocp: Any, tmp_path, kind:
         ckptr.save(tmp_path / "ckpt", TREE)  # legacy form: the registered WrapSave
         if kind == "AsyncCheckpointer":
             assert not (tmp_path / "ckpt").exists()  # the handler's future is still open
-            assert (tmp_path / ("ckpt" + TMP)).is_dir()
+            # Orbax makes the temporary directory in the background too: it appears, and the
+            # checkpoint stays unfinished while the gate is shut
+            deadline = time.monotonic() + 30
+            while not (tmp_path / ("ckpt" + TMP)).is_dir() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert (tmp_path / ("ckpt" + TMP)).is_dir() and not (tmp_path / "ckpt").exists()
             gate.set()
             ckptr.wait_until_finished()
         _same(TREE, ckptr.restore(tmp_path / "ckpt"))

@@ -142,11 +142,16 @@ def zstd_decompress_into(data: Buffer, out: memoryview) -> None:
     _check_header(data, size, size)
     try:
         reader = _dctx().stream_reader(data, read_across_frames=True)
-        got = _readinto_all(reader, out)
-        extra = reader.read(1)
+        _read_exactly(reader, out)
     except zstandard.ZstdError as e:
         raise CorruptionError(f"zstd decompression failed: {e}") from e
-    if extra:
+
+
+def _read_exactly(reader: Any, out: memoryview) -> None:
+    """Fill ``out`` from ``reader``; :class:`CorruptionError` unless the stream ends there."""
+    size = len(out)
+    got = _readinto_all(reader, out)
+    if reader.read(1):
         raise CorruptionError(f"zstd data decompresses to more than {size} bytes")
     if got != size:
         raise CorruptionError(f"zstd data decompressed to {got} bytes, expected {size}")
@@ -161,14 +166,9 @@ def zstd_decompress_stream_into(source: ByteSource, out: memoryview) -> None:
     try:
         # any object with read() is a source; the stubs name only IO[bytes]
         reader = _dctx().stream_reader(source, read_size=_STEP, read_across_frames=True)  # type: ignore[arg-type]
-        got = _readinto_all(reader, out)
-        extra = reader.read(1)
+        _read_exactly(reader, out)
     except zstandard.ZstdError as e:
         raise CorruptionError(f"zstd decompression failed: {e}") from e
-    if extra:
-        raise CorruptionError(f"zstd data decompresses to more than {size} bytes")
-    if got != size:
-        raise CorruptionError(f"zstd data decompressed to {got} bytes, expected {size}")
 
 
 class ZstdCodec(BytesBytesCodec):

@@ -68,7 +68,7 @@ from ocdbt_py.checkpoint.manager.tier_plan import (
 )
 from ocdbt_py.checkpoint.restore.api import restore
 from ocdbt_py.checkpoint.saving.api import JsonItem, save
-from ocdbt_py.checkpoint.saving.atomic import _fsync_dir
+from ocdbt_py.checkpoint.saving.atomic import fsync_dir
 from ocdbt_py.checkpoint.saving.distributed import _jax_client, group_coordinator
 from ocdbt_py.checkpoint.saving.layout_writer import COMMIT_MARKER, commit_marker
 from ocdbt_py.errors import CorruptionError, MissingDependencyError, OcdbtError, StorageError
@@ -577,8 +577,8 @@ class MultiTierCheckpointManager(Lifecycle):
             meta["item_handlers"][PROCESS_METADATA] = _PROCESS_METADATA_HANDLER
             skv.set("_CHECKPOINT_METADATA", json.dumps(meta).encode())
         if sync:
-            _fsync_dir(os.path.join(src, PROCESS_METADATA))
-            _fsync_dir(src)
+            fsync_dir(os.path.join(src, PROCESS_METADATA))
+            fsync_dir(src)
         try:
             if os.path.lexists(dst):  # a leftover that was never committed
                 trash = f"{dst}{_STAGING}-old-{uuid.uuid4().hex[:8]}"
@@ -588,7 +588,7 @@ class MultiTierCheckpointManager(Lifecycle):
         except OSError as e:
             raise StorageError(f"cannot publish local step {dst}: {e}") from e
         if sync:
-            _fsync_dir(self.local_directory)
+            fsync_dir(self.local_directory)
 
     def _save_persistent(self, step: int, state: Any, extra: dict[str, Any], fingerprint: str) -> None:
 

@@ -39,7 +39,8 @@ class CheckpointExistsError(OcdbtError, FileExistsError):
     """The destination already holds something and ``force=True`` was not given."""
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Flush a directory's entries to disk (best effort: errors are ignored)."""
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -159,10 +160,10 @@ class Destination:
         if not self.tmp_exists():
             raise StorageError(f"cannot commit {tmp} to {final}: {tmp} is gone")
         try:
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             if os.path.lexists(final):
                 if _exchange(tmp, final):
-                    _fsync_dir(parent)
+                    fsync_dir(parent)
                     shutil.rmtree(tmp, ignore_errors=True)
                     return
                 old = final + _OLD_SUFFIX
@@ -170,11 +171,11 @@ class Destination:
                     shutil.rmtree(old)
                 os.rename(final, old)
                 os.rename(tmp, final)
-                _fsync_dir(parent)
+                fsync_dir(parent)
                 shutil.rmtree(old, ignore_errors=True)
                 return
             os.rename(tmp, final)
-            _fsync_dir(parent)
+            fsync_dir(parent)
         except OSError as e:
             raise StorageError(f"cannot commit {tmp} to {final}: {e}") from e
 

@@ -13,7 +13,6 @@ commit the same two ways by themselves (``spec/orbax.md``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pathlib
@@ -22,7 +21,7 @@ import time
 from typing import Any
 
 from ocdbt_py.checkpoint.layout import COMMIT_MARKER, STEP_METADATA
-from ocdbt_py.checkpoint.saving.atomic import TMP_SUFFIX
+from ocdbt_py.checkpoint.saving.atomic import TMP_SUFFIX, fsync_dir
 from ocdbt_py.checkpoint.saving.layout_writer import commit_marker
 
 __all__ = ["COMMIT_SUCCESS_FILE", "TMP_DIR_SUFFIX", "TemporaryPath", "AtomicRenameTemporaryPath",
@@ -31,15 +30,6 @@ __all__ = ["COMMIT_SUCCESS_FILE", "TMP_DIR_SUFFIX", "TemporaryPath", "AtomicRena
 COMMIT_SUCCESS_FILE = COMMIT_MARKER
 TMP_DIR_SUFFIX = TMP_SUFFIX
 _OLD_SUFFIX = TMP_SUFFIX + "-old"
-
-
-def _fsync_dir(path: pathlib.Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _stamp_commit(path: pathlib.Path) -> None:
@@ -115,7 +105,7 @@ class AtomicRenameTemporaryPath(TemporaryPath):
         Orbax's: the commit time is stamped and ``commit_success.txt`` written first."""
         _stamp_commit(self._tmp)
         (self._tmp / COMMIT_SUCCESS_FILE).write_bytes(commit_marker(str(self._final)))
-        _fsync_dir(self._tmp)
+        fsync_dir(self._tmp)
         old = None
         if os.path.lexists(self._final):
             old = self._final.parent / (self._final.name + _OLD_SUFFIX)
@@ -123,7 +113,7 @@ class AtomicRenameTemporaryPath(TemporaryPath):
                 shutil.rmtree(old)
             os.rename(self._final, old)
         os.rename(self._tmp, self._final)
-        _fsync_dir(self._final.parent)
+        fsync_dir(self._final.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -140,7 +130,7 @@ class CommitFileTemporaryPath(TemporaryPath):
         """Stamp the commit time, then write ``commit_success.txt`` (last)."""
         _stamp_commit(self._final)
         (self._final / COMMIT_SUCCESS_FILE).write_bytes(commit_marker(str(self._final)))
-        _fsync_dir(self._final)
+        fsync_dir(self._final)
 
 
 def is_finalized(path: str | os.PathLike[str], temporary_path_class: type[TemporaryPath] | None = None) -> bool:
