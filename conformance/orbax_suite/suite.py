@@ -69,7 +69,7 @@ HELPERS = {
 }
 # what `make test` runs by default: small files that still cross the manager and handlers
 FAST = ["checkpoint_manager_options_test.py", "composite_test.py", "preservation_policy_test.py",
-        "json_checkpoint_handler_test.py"]
+        "json_checkpoint_handler_test.py", "standard_checkpoint_handler_test.py"]
 
 _FROM = re.compile(r"^(\s*)from (orbax\.checkpoint(?:\.[\w.]+)?) import (\w+)(\s+as\s+\w+)?\s*(#.*)?$")
 _IMPORT = re.compile(r"^(\s*)import (orbax\.checkpoint(?:\.[\w.]+)?)(\s+as\s+\w+)\s*(#.*)?$")
@@ -156,9 +156,26 @@ def prepare(src: Path, work: Path, mode: str) -> None:
 PER_TEST_TIMEOUT = {"async_checkpointer_test.py": 60, "checkpointer_test.py": 60}
 
 
-def run_file(work: Path, mode: str, name: str, timeout: float = 3600, per_test: int | None = None) -> dict[str, Any]:
-    """Run one copied test file; its records (``tests``, ``collect_errors``) and ``seconds``
-    (``per_test``: the per-test timeout, by default from :data:`PER_TEST_TIMEOUT` or 120 s)."""
+def run_files(work: Path, mode: str, names: list[str], timeout: float = 3600) -> dict[str, dict[str, Any]]:
+    """Run several copied test files in one pytest process (one JAX start-up instead of one
+    per file: what ``make test`` runs); the records of each, as :func:`run_file` gives them."""
+    if len(names) == 1:
+        return {names[0]: run_file(work, mode, names[0], timeout)}
+    per_test = max(PER_TEST_TIMEOUT.get(n, 120) for n in names)
+    batch = run_file(work, mode, "batch", timeout, per_test, files=names)
+    out: dict[str, dict[str, Any]] = {}
+    for n in names:
+        mine = {k: v for k, v in batch["tests"].items() if k.split("::", 1)[0] == n}
+        errors = [e for e in batch["collect_errors"] if e["nodeid"].split("::", 1)[0] in (n, "batch")]
+        out[n] = {"tests": mine, "collect_errors": errors, "seconds": batch["seconds"]}
+    return out
+
+
+def run_file(work: Path, mode: str, name: str, timeout: float = 3600, per_test: int | None = None,
+             files: list[str] | None = None) -> dict[str, Any]:
+    """Run one copied test file (or ``files``, recorded under ``name``); its records (``tests``,
+    ``collect_errors``) and ``seconds`` (``per_test``: the per-test timeout, by default from
+    :data:`PER_TEST_TIMEOUT` or 120 s)."""
     if per_test is None:
         per_test = PER_TEST_TIMEOUT.get(name, 120)
     out = work / f"{name}.{mode}.json"
@@ -174,7 +191,7 @@ def run_file(work: Path, mode: str, name: str, timeout: float = 3600, per_test: 
     env["TEST_TMPDIR"] = str(tmp)  # absl's test directories: one per run, never shared
     started = time.monotonic()
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "_suite_plugin", f"--timeout={per_test}",
-           "--rootdir", str(work), str(work / name)]
+           "--rootdir", str(work), *[str(work / f) for f in (files or [name])]]
     try:
         proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
         tail = proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -228,28 +245,34 @@ def _cached(work: Path, mode: str, name: str) -> dict[str, Any] | None:
 
 
 def run(src: Path, names: list[str], work: Path | None = None, verbose: bool = False,
-        reuse_baseline: bool = False) -> dict[str, Any]:
+        reuse_baseline: bool = False, batch: bool = False) -> dict[str, Any]:
     """Both runs of each named file (work-directory names, see :data:`FILES`); counts by file.
-    ``reuse_baseline``: take the baseline records a previous run left in ``work``."""
+    ``reuse_baseline``: take the baseline records a previous run left in ``work``; ``batch``:
+    every file in one pytest process per run (small files: one JAX start-up instead of one each)."""
     own = work is None
     root = Path(tempfile.mkdtemp(prefix="orbax-suite-")) if work is None else work
     try:
         for mode in ("baseline", "dropin"):
             prepare(src, root / mode, mode)
         report: dict[str, Any] = {}
-        for name in names:
-            base = (_cached(root / "baseline", "baseline", name) if reuse_baseline else None) or \
-                run_file(root / "baseline", "baseline", name)
-            drop = run_file(root / "dropin", "dropin", name)
-            report[name] = count(base, drop)
-            if verbose:
-                c = report[name]
-                print(f"{name}: collected {c['collected']} baseline {c['baseline']} out {len(c['out'])} "
-                      f"counted {c['counted']} passing {c['passing']} ({c['seconds']})", flush=True)
+        groups = [names] if batch else [[n] for n in names]
+        for group in groups:
+            cached = {n: _cached(root / "baseline", "baseline", n) for n in group} if reuse_baseline else {}
+            bases = cached if cached and all(cached.values()) else run_files(root / "baseline", "baseline", group)
+            drops = run_files(root / "dropin", "dropin", group)
+            for name in group:
+                report[name] = count(bases[name], drops[name])
+                _report_file(verbose, name, report[name])
         return report
     finally:
         if own:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _report_file(verbose: bool, name: str, c: dict[str, Any]) -> None:
+    if verbose:
+        print(f"{name}: collected {c['collected']} baseline {c['baseline']} out {len(c['out'])} "
+              f"counted {c['counted']} passing {c['passing']} ({c['seconds']})", flush=True)
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -303,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     names = ns.files or (FAST if ns.fast else list(FILES.values()))
     started = time.monotonic()
-    report = run(src, names, ns.work, verbose=True, reuse_baseline=ns.reuse_baseline)
+    report = run(src, names, ns.work, verbose=True, reuse_baseline=ns.reuse_baseline, batch=ns.fast and not ns.files)
     print(markdown(report))
     print(f"total {time.monotonic() - started:.0f} s")
     if ns.json:
