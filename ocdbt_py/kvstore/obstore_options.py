@@ -3,7 +3,7 @@
 Users pass the options s3fs, gcsfs and adlfs take; :func:`build` turns them into obstore's
 configuration.  An option this module does not know, or knows obstore cannot honour, raises
 :class:`Untranslatable`, and :func:`~ocdbt_py.kvstore.open_kvstore` then takes the fsspec
-route: an option is never silently dropped.
+route: an option is never silently dropped (read timeouts aside: see the end of this text).
 
 Credentials, per service (each source is served by obstore itself, so every one takes the
 fast path):
